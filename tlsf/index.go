@@ -1,0 +1,433 @@
+package tlsf
+
+import (
+	"fmt"
+	"math/bits"
+)
+
+// MaxSize is the largest block, region or request in bytes: 2^48 (256 TiB).
+// A 141 GB GPU needs 2^38; the headroom covers the 49-bit virtual address
+// space of current GPUs. Requests above it fail with ErrTooLarge.
+const MaxSize = 1 << 48
+
+// Defaults of Config.
+const (
+	// DefaultGranularity is 256 bytes, the alignment cudaMalloc guarantees.
+	DefaultGranularity = 256
+	// DefaultSLLog2 gives 32 second-level lists per power of two: at most
+	// 1/32 (3.1%) internal fragmentation from good-fit rounding.
+	DefaultSLLog2 = 5
+	// MaxSLLog2: one uint64 SL bitmap per first-level index holds at most
+	// 64 lists.
+	MaxSLLog2 = 6
+)
+
+// Config sets an Index's size classes. The zero value gives the defaults.
+type Config struct {
+	// Granularity is the minimum block size and the alignment of every
+	// block, in bytes: a power of two from 1 to 2^40 (default 256).
+	Granularity uint64
+	// SLLog2 is log2 of the number of second-level lists per power of
+	// two, 1 to MaxSLLog2 (default 5: 32 lists). More lists mean less
+	// rounding waste (below 1/2^SLLog2 of a block) and more empty lists.
+	SLLog2 uint
+}
+
+// nilRec marks a missing link between block records.
+const nilRec = ^uint32(0)
+
+// block is the out-of-band record of one block. Links are indexes into
+// Index.blocks, not pointers, so the garbage collector scans none of them.
+type block struct {
+	addr     uint64
+	size     uint64
+	prevPhys uint32 // the block just below in the same region, or nilRec
+	nextPhys uint32 // the block just above in the same region, or nilRec
+	prevFree uint32 // free-list neighbours, valid while free
+	nextFree uint32
+	region   uint32 // slot in Index.reg
+	tag      uint32 // the caller's, for allocated blocks
+	free     bool
+	list     uint32 // fl<<slLog2 | sl of the list holding it, while free
+}
+
+// Block describes one block: Size bytes at Addr, free or allocated, and
+// the caller's tag (zero unless set with SetTag).
+type Block struct {
+	Addr uint64
+	Size uint64
+	Free bool
+	Tag  uint32
+}
+
+// Index is a TLSF index over regions of an abstract address space.
+// It is not safe for concurrent use.
+type Index struct {
+	mapping
+	gran  uint64
+	numFL uint
+
+	flBitmap uint64   // bit fl set: some list (fl, ·) is non-empty
+	slBitmap []uint64 // [fl] bit sl set: list (fl, sl) is non-empty
+	heads    []uint32 // [fl<<slLog2 | sl]: first free block of the list
+
+	blocks []block   // every record, live or spare
+	spare  []uint32  // recycled record indexes
+	live   addrMap   // allocated block start → record
+	reg    regionSet // regions by base address
+
+	allocated uint64 // bytes in allocated blocks
+	total     uint64 // bytes in all regions
+	allocBlocks int
+	freeBlocksN int
+}
+
+// New returns an empty Index (no regions) with the given size classes.
+// It fails with ErrBadConfig when a field is out of range.
+func New(cfg Config) (*Index, error) {
+	if cfg.Granularity == 0 {
+		cfg.Granularity = DefaultGranularity
+	}
+	if cfg.SLLog2 == 0 {
+		cfg.SLLog2 = DefaultSLLog2
+	}
+	if bits.OnesCount64(cfg.Granularity) != 1 || cfg.Granularity > 1<<40 {
+		return nil, fmt.Errorf("%w: granularity %d is not a power of two from 1 to 2^40", ErrBadConfig, cfg.Granularity)
+	}
+	if cfg.SLLog2 > MaxSLLog2 {
+		return nil, fmt.Errorf("%w: SLLog2 %d above %d", ErrBadConfig, cfg.SLLog2, MaxSLLog2)
+	}
+	g := uint(bits.TrailingZeros64(cfg.Granularity))
+	if g+cfg.SLLog2 > 47 {
+		return nil, fmt.Errorf("%w: granularity × second-level lists exceeds MaxSize", ErrBadConfig)
+	}
+	x := &Index{
+		mapping: mapping{granLog2: g, slLog2: cfg.SLLog2, smallSize: 1 << (g + cfg.SLLog2)},
+		gran:    cfg.Granularity,
+	}
+	fl, _ := x.insert(MaxSize)
+	x.numFL = fl + 1
+	x.slBitmap = make([]uint64, x.numFL)
+	x.heads = make([]uint32, x.numFL<<x.slLog2)
+	for i := range x.heads {
+		x.heads[i] = nilRec
+	}
+	x.live.init(g)
+	return x, nil
+}
+
+// Granularity returns the minimum block size and alignment in bytes.
+func (x *Index) Granularity() uint64 { return x.gran }
+
+// SecondLevelLists returns the number of second-level lists per power of
+// two.
+func (x *Index) SecondLevelLists() int { return 1 << x.slLog2 }
+
+// RoundUp returns the block size an allocation of size bytes receives:
+// size rounded up to the lower bound of its size class (mapping search).
+// It fails like Alloc for a zero size or one above MaxSize.
+func (x *Index) RoundUp(size uint64) (uint64, error) {
+	if err := x.checkSize(size); err != nil {
+		return 0, err
+	}
+	return x.roundUp(size), nil
+}
+
+func (x *Index) checkSize(size uint64) error {
+	if size == 0 {
+		return ErrInvalidSize
+	}
+	if size > MaxSize {
+		return fmt.Errorf("%w: %d bytes, the maximum is %d", ErrTooLarge, size, uint64(MaxSize))
+	}
+	return nil
+}
+
+// Alloc allocates a block of at least size bytes, aligned to the
+// granularity, in O(1) (TLSF §4: mapping search, find suitable block,
+// split). The block's Size is size rounded up to its size class (see
+// RoundUp), and a later Alloc of the same size after freeing it always
+// succeeds.
+//
+// Errors: ErrInvalidSize (size 0), ErrTooLarge (size > MaxSize),
+// ErrNoSpace (no free block large enough).
+func (x *Index) Alloc(size uint64) (Block, error) {
+	if size-1 >= MaxSize { // size == 0 wraps around
+		return Block{}, x.checkSize(size)
+	}
+	r := x.roundUp(size)
+	b, fl, sl := x.findSuitable(r)
+	if b == nilRec {
+		return Block{}, ErrNoSpace
+	}
+	x.removeFree(b, fl, sl)
+	x.splitTail(b, r)
+	return x.markAllocated(b), nil
+}
+
+// AllocAligned is Alloc with the block's address a multiple of align
+// bytes, a power of two. An align at or below the granularity is Alloc.
+// Above it, the search asks for align−granularity more bytes so that any
+// block found can be cut at an aligned address; the cut-off head stays
+// free.
+//
+// Errors: those of Alloc, and ErrBadAlignment (align 0, not a power of
+// two, or above MaxSize).
+func (x *Index) AllocAligned(size, align uint64) (Block, error) {
+	if align == 0 || align&(align-1) != 0 || align > MaxSize {
+		return Block{}, fmt.Errorf("%w: %d", ErrBadAlignment, align)
+	}
+	if align <= x.gran {
+		return x.Alloc(size)
+	}
+	if err := x.checkSize(size); err != nil {
+		return Block{}, err
+	}
+	r := x.roundUp(size)
+	need := r + align - x.gran // ≤ 2^49: no overflow
+	if need > MaxSize {
+		return Block{}, ErrNoSpace
+	}
+	b, fl, sl := x.findSuitable(x.roundUp(need))
+	if b == nilRec {
+		return Block{}, ErrNoSpace
+	}
+	x.removeFree(b, fl, sl)
+	if a := (x.blocks[b].addr + align - 1) &^ (align - 1); a != x.blocks[b].addr {
+		// Cut the head [addr, a) off and return it to the free lists. Its
+		// lower neighbour is allocated (no two free blocks are adjacent),
+		// so it needs no merge.
+		head := b
+		b = x.cut(head, a-x.blocks[head].addr)
+		x.insertFree(head)
+	}
+	x.splitTail(b, r)
+	return x.markAllocated(b), nil
+}
+
+// Free frees the allocated block starting at addr and merges it with its
+// free physical neighbours (TLSF §4: block_merge_prev, block_merge_next),
+// in O(1). It returns the freed block's size in bytes.
+//
+// Errors: ErrDoubleFree (addr lies in free space: freed already),
+// ErrUnknownAddress (outside every region, or inside an allocated block
+// but not its start). Finding which of the two applies walks the region
+// once; correct frees never do.
+func (x *Index) Free(addr uint64) (uint64, error) {
+	b, ok := x.live.take(addr)
+	if !ok {
+		return 0, x.classifyBadAddress(addr)
+	}
+	bk := &x.blocks[b]
+	size := bk.size
+	x.allocated -= size
+	x.allocBlocks--
+	bk.free = true
+	bk.tag = 0
+	x.freeBlocksN++
+
+	if p := x.blocks[b].prevPhys; p != nilRec && x.blocks[p].free {
+		x.removeFreeBlock(p)
+		x.absorbNext(p)
+		b = p
+	}
+	if n := x.blocks[b].nextPhys; n != nilRec && x.blocks[n].free {
+		x.removeFreeBlock(n)
+		x.absorbNext(b)
+	}
+	x.insertFree(b)
+	return size, nil
+}
+
+// Lookup returns the allocated block that starts at addr.
+// Errors: ErrDoubleFree or ErrUnknownAddress, as for Free.
+func (x *Index) Lookup(addr uint64) (Block, error) {
+	b, ok := x.live.get(addr)
+	if !ok {
+		return Block{}, x.classifyBadAddress(addr)
+	}
+	return x.public(b), nil
+}
+
+// SetTag stores tag with the allocated block that starts at addr; Lookup
+// and Walk return it. Free clears it.
+// Errors: ErrDoubleFree or ErrUnknownAddress, as for Free.
+func (x *Index) SetTag(addr uint64, tag uint32) error {
+	b, ok := x.live.get(addr)
+	if !ok {
+		return x.classifyBadAddress(addr)
+	}
+	x.blocks[b].tag = tag
+	return nil
+}
+
+func (x *Index) public(b uint32) Block {
+	bk := &x.blocks[b]
+	return Block{Addr: bk.addr, Size: bk.size, Free: bk.free, Tag: bk.tag}
+}
+
+// findSuitable returns the first block of the smallest non-empty list
+// whose class lower bound is at least size (a class boundary), with that
+// list's indexes, or nilRec (TLSF §3.3: two find-first-set operations).
+func (x *Index) findSuitable(size uint64) (b uint32, fl, sl uint) {
+	fl, sl = x.insert(size)
+	slMap := x.slBitmap[fl] & (^uint64(0) << sl)
+	if slMap == 0 {
+		flMap := x.flBitmap & (^uint64(0) << (fl + 1))
+		if flMap == 0 {
+			return nilRec, 0, 0
+		}
+		fl = uint(bits.TrailingZeros64(flMap))
+		slMap = x.slBitmap[fl]
+	}
+	sl = uint(bits.TrailingZeros64(slMap))
+	return x.heads[fl<<x.slLog2|sl], fl, sl
+}
+
+// markAllocated turns free record b (out of the lists) into an allocated
+// block.
+func (x *Index) markAllocated(b uint32) Block {
+	bk := &x.blocks[b]
+	bk.free = false
+	x.freeBlocksN--
+	x.allocBlocks++
+	x.allocated += bk.size
+	x.live.put(bk.addr, b)
+	return Block{Addr: bk.addr, Size: bk.size, Tag: bk.tag}
+}
+
+// splitTail cuts free record b (out of the lists) down to size bytes and
+// puts the remainder, if any, in the free lists (block_split).
+func (x *Index) splitTail(b uint32, size uint64) {
+	if x.blocks[b].size > size {
+		x.insertFree(x.cut(b, size))
+	}
+}
+
+// cut splits record b at offset bytes into b = [addr, addr+offset) and a
+// new free record for the rest, which it returns. Neither is in a list.
+func (x *Index) cut(b uint32, offset uint64) uint32 {
+	n := x.newRecord()
+	bk := &x.blocks[b] // after newRecord: the slice may have moved
+	x.blocks[n] = block{
+		addr:     bk.addr + offset,
+		size:     bk.size - offset,
+		prevPhys: b,
+		nextPhys: bk.nextPhys,
+		prevFree: nilRec,
+		nextFree: nilRec,
+		region:   bk.region,
+		free:     true,
+	}
+	if bk.nextPhys != nilRec {
+		x.blocks[bk.nextPhys].prevPhys = n
+	} else {
+		x.reg.slots[bk.region].last = n
+	}
+	bk.nextPhys = n
+	bk.size = offset
+	x.freeBlocksN++
+	return n
+}
+
+// absorbNext merges record b's upper neighbour, free and out of the lists,
+// into b, and recycles the neighbour's record.
+func (x *Index) absorbNext(b uint32) {
+	bk := &x.blocks[b]
+	n := bk.nextPhys
+	nk := &x.blocks[n]
+	bk.size += nk.size
+	bk.nextPhys = nk.nextPhys
+	if nk.nextPhys != nilRec {
+		x.blocks[nk.nextPhys].prevPhys = b
+	} else {
+		x.reg.slots[bk.region].last = b
+	}
+	x.freeBlocksN--
+	x.recycle(n)
+}
+
+func (x *Index) newRecord() uint32 {
+	if k := len(x.spare); k > 0 {
+		r := x.spare[k-1]
+		x.spare = x.spare[:k-1]
+		return r
+	}
+	if len(x.blocks) >= int(nilRec) {
+		panic("tlsf: more than 2^32-1 block records")
+	}
+	x.blocks = append(x.blocks, block{})
+	return uint32(len(x.blocks) - 1)
+}
+
+func (x *Index) recycle(r uint32) {
+	x.blocks[r] = block{prevPhys: nilRec, nextPhys: nilRec, prevFree: nilRec, nextFree: nilRec}
+	x.spare = append(x.spare, r)
+}
+
+// insertFree pushes free record b on the head of its list (mapping insert).
+func (x *Index) insertFree(b uint32) {
+	fl, sl := x.insert(x.blocks[b].size)
+	i := fl<<x.slLog2 | sl
+	head := x.heads[i]
+	bk := &x.blocks[b]
+	bk.prevFree = nilRec
+	bk.nextFree = head
+	bk.list = uint32(i)
+	if head != nilRec {
+		x.blocks[head].prevFree = b
+	}
+	x.heads[i] = b
+	x.slBitmap[fl] |= 1 << sl
+	x.flBitmap |= 1 << fl
+}
+
+// removeFreeBlock unlinks free record b from the list it is in.
+func (x *Index) removeFreeBlock(b uint32) {
+	i := uint(x.blocks[b].list)
+	x.removeFree(b, i>>x.slLog2, i&(1<<x.slLog2-1))
+}
+
+// removeFree unlinks free record b from list (fl, sl), clearing the
+// bitmaps' bits when the list empties.
+func (x *Index) removeFree(b uint32, fl, sl uint) {
+	bk := &x.blocks[b]
+	prev, next := bk.prevFree, bk.nextFree
+	if next != nilRec {
+		x.blocks[next].prevFree = prev
+	}
+	if prev != nilRec {
+		x.blocks[prev].nextFree = next
+	} else {
+		i := fl<<x.slLog2 | sl
+		x.heads[i] = next
+		if next == nilRec {
+			x.slBitmap[fl] &^= 1 << sl
+			if x.slBitmap[fl] == 0 {
+				x.flBitmap &^= 1 << fl
+			}
+		}
+	}
+	bk.prevFree, bk.nextFree = nilRec, nilRec
+}
+
+// classifyBadAddress says why addr is not an allocated block's start.
+func (x *Index) classifyBadAddress(addr uint64) error {
+	s, ok := x.reg.find(addr)
+	if !ok {
+		return fmt.Errorf("%w: %#x is outside every region", ErrUnknownAddress, addr)
+	}
+	if addr%x.gran != 0 {
+		return fmt.Errorf("%w: %#x is not a multiple of the granularity", ErrUnknownAddress, addr)
+	}
+	for b := x.reg.slots[s].first; b != nilRec; b = x.blocks[b].nextPhys {
+		bk := &x.blocks[b]
+		if addr < bk.addr+bk.size {
+			if bk.free {
+				return fmt.Errorf("%w: %#x lies in free block [%#x, %#x)", ErrDoubleFree, addr, bk.addr, bk.addr+bk.size)
+			}
+			return fmt.Errorf("%w: %#x is inside allocated block [%#x, %#x)", ErrUnknownAddress, addr, bk.addr, bk.addr+bk.size)
+		}
+	}
+	return fmt.Errorf("%w: %#x", ErrUnknownAddress, addr) // not reached while invariants hold
+}

@@ -1,0 +1,60 @@
+package tlsf
+
+import "math/bits"
+
+// Size classes (TLSF paper §3.2; mapping_insert and mapping_search in
+// mattconte/tlsf).
+//
+// With granularity G = 2^g and 2^s second-level lists per power of two:
+//
+//   - sizes below smallSize = 2^(g+s) are "small": first-level index 0 and
+//     one list per multiple of G (sl = size/G), so small classes are exact;
+//   - a size with its highest set bit t ≥ g+s has fl = t-(g+s)+1 and
+//     sl = the s bits below bit t, so each power of two [2^t, 2^(t+1)) is cut
+//     into 2^s classes of width 2^(t-s).
+//
+// Both halves meet at smallSize: the small lists step by G = 2^g and the
+// first large power of two, t = g+s, steps by 2^(t-s) = G too.
+
+// mapping is the part of an Index's configuration the size classes need.
+type mapping struct {
+	granLog2  uint   // g: log2 of the granularity
+	slLog2    uint   // s: log2 of the second-level list count
+	smallSize uint64 // 2^(g+s): the first size mapped by its highest bit
+}
+
+// insert returns the list a free block of size bytes belongs to
+// (mapping insert). size must be a non-zero multiple of the granularity,
+// at most MaxSize.
+func (m *mapping) insert(size uint64) (fl, sl uint) {
+	if size < m.smallSize {
+		return 0, uint(size >> m.granLog2)
+	}
+	t := uint(bits.Len64(size)) - 1
+	sl = uint(size>>(t-m.slLog2)) ^ (1 << m.slLog2)
+	fl = t - (m.granLog2 + m.slLog2) + 1
+	return fl, sl
+}
+
+// roundUp rounds a request of size bytes (1 ≤ size ≤ MaxSize) up to the
+// lower bound of the next size class (mapping search): every block in the
+// class insert(roundUp(size)) or above holds at least roundUp(size) bytes.
+// The result is at most MaxSize, itself a class boundary.
+func (m *mapping) roundUp(size uint64) uint64 {
+	if size < m.smallSize {
+		g := uint64(1) << m.granLog2
+		return (size + g - 1) &^ (g - 1)
+	}
+	t := uint(bits.Len64(size)) - 1
+	step := uint64(1) << (t - m.slLog2)
+	return (size + step - 1) &^ (step - 1)
+}
+
+// classMin returns the smallest size in list (fl, sl).
+func (m *mapping) classMin(fl, sl uint) uint64 {
+	if fl == 0 {
+		return uint64(sl) << m.granLog2
+	}
+	t := fl + m.granLog2 + m.slLog2 - 1
+	return uint64(1)<<t | uint64(sl)<<(t-m.slLog2)
+}
