@@ -76,8 +76,8 @@ type Index struct {
 	live   addrMap   // allocated block start → record
 	reg    regionSet // regions by base address
 
-	allocated uint64 // bytes in allocated blocks
-	total     uint64 // bytes in all regions
+	allocated   uint64 // bytes in allocated blocks
+	total       uint64 // bytes in all regions
 	allocBlocks int
 	freeBlocksN int
 }

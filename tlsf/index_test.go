@@ -367,7 +367,7 @@ func TestWalkStops(t *testing.T) {
 // Check catches corruption (a sample of the invariants).
 func TestCheckDetectsCorruption(t *testing.T) {
 	corrupt := []struct {
-		name  string
+		name   string
 		break_ func(x *Index)
 	}{
 		{"bitmap bit cleared", func(x *Index) { x.flBitmap = 0 }},
