@@ -162,20 +162,26 @@ func (e *Error) Error() string {
 
 // CUresult codes this package maps to sentinels.
 const (
-	cudaErrorInvalidValue   = 1
-	cudaErrorOutOfMemory    = 2
-	cudaErrorNotInitialized = 3
-	cudaErrorNoDevice       = 100
-	cudaErrorInvalidDevice  = 101
-	cudaErrorIllegalAddress = 700
-	cudaErrorNotSupported   = 801
+	cudaErrorInvalidValue       = 1
+	cudaErrorOutOfMemory        = 2
+	cudaErrorNotInitialized     = 3
+	cudaErrorDeinitialized      = 4  // the driver is shutting down
+	cudaErrorStubLibrary        = 34 // libcuda.so.1 is the toolkit's stub, not a driver
+	cudaErrorInsufficientDriver = 35 // the driver is older than this code needs
+	cudaErrorNoDevice           = 100
+	cudaErrorInvalidDevice      = 101
+	cudaErrorInvalidHandle      = 400 // a stream, event or handle the driver does not know
+	cudaErrorIllegalAddress     = 700
+	cudaErrorNotSupported       = 801
 )
 
 // Unwrap returns the sentinel for the code, if any.
 func (e *Error) Unwrap() error {
 	switch e.Code {
-	case cudaErrorInvalidValue:
+	case cudaErrorInvalidValue, cudaErrorInvalidHandle:
 		return ErrInvalidValue
+	case cudaErrorNotInitialized, cudaErrorDeinitialized, cudaErrorStubLibrary, cudaErrorInsufficientDriver:
+		return ErrNoDriver
 	case cudaErrorOutOfMemory:
 		return ErrOutOfMemory
 	case cudaErrorNoDevice, cudaErrorInvalidDevice:

@@ -46,18 +46,21 @@ type block struct {
 	prevFree uint32 // free-list neighbours, valid while free
 	nextFree uint32
 	region   uint32 // slot in Index.reg
-	tag      uint32 // the caller's, for allocated blocks
 	free     bool
 	list     uint32 // fl<<slLog2 | sl of the list holding it, while free
 }
 
-// Block describes one block: Size bytes at Addr, free or allocated, and
-// the caller's tag (zero unless set with SetTag).
+// Block describes one block: Size bytes at Addr, free or allocated.
+//
+// ID names the block's record while the block is allocated: a small
+// integer below MaxID(), unique among allocated blocks and reused after
+// Free, so callers can keep per-allocation data in a slice indexed by it
+// instead of a map. It means nothing for free blocks.
 type Block struct {
 	Addr uint64
 	Size uint64
+	ID   uint32
 	Free bool
-	Tag  uint32
 }
 
 // Index is a TLSF index over regions of an abstract address space.
@@ -207,23 +210,22 @@ func (x *Index) AllocAligned(size, align uint64) (Block, error) {
 
 // Free frees the allocated block starting at addr and merges it with its
 // free physical neighbours (TLSF §4: block_merge_prev, block_merge_next),
-// in O(1). It returns the freed block's size in bytes.
+// in O(1). It returns the block as it was allocated (address, size, ID).
 //
 // Errors: ErrDoubleFree (addr lies in free space: freed already),
 // ErrUnknownAddress (outside every region, or inside an allocated block
 // but not its start). Finding which of the two applies walks the region
 // once; correct frees never do.
-func (x *Index) Free(addr uint64) (uint64, error) {
+func (x *Index) Free(addr uint64) (Block, error) {
 	b, ok := x.live.take(addr)
 	if !ok {
-		return 0, x.classifyBadAddress(addr)
+		return Block{}, x.classifyBadAddress(addr)
 	}
 	bk := &x.blocks[b]
-	size := bk.size
-	x.allocated -= size
+	freed := Block{Addr: addr, Size: bk.size, ID: b}
+	x.allocated -= bk.size
 	x.allocBlocks--
 	bk.free = true
-	bk.tag = 0
 	x.freeBlocksN++
 
 	if p := x.blocks[b].prevPhys; p != nilRec && x.blocks[p].free {
@@ -236,7 +238,7 @@ func (x *Index) Free(addr uint64) (uint64, error) {
 		x.absorbNext(b)
 	}
 	x.insertFree(b)
-	return size, nil
+	return freed, nil
 }
 
 // Lookup returns the allocated block that starts at addr.
@@ -249,21 +251,13 @@ func (x *Index) Lookup(addr uint64) (Block, error) {
 	return x.public(b), nil
 }
 
-// SetTag stores tag with the allocated block that starts at addr; Lookup
-// and Walk return it. Free clears it.
-// Errors: ErrDoubleFree or ErrUnknownAddress, as for Free.
-func (x *Index) SetTag(addr uint64, tag uint32) error {
-	b, ok := x.live.get(addr)
-	if !ok {
-		return x.classifyBadAddress(addr)
-	}
-	x.blocks[b].tag = tag
-	return nil
-}
+// MaxID bounds the IDs of allocated blocks: every ID is below it. It
+// grows as the index holds more blocks.
+func (x *Index) MaxID() uint32 { return uint32(len(x.blocks)) }
 
 func (x *Index) public(b uint32) Block {
 	bk := &x.blocks[b]
-	return Block{Addr: bk.addr, Size: bk.size, Free: bk.free, Tag: bk.tag}
+	return Block{Addr: bk.addr, Size: bk.size, ID: b, Free: bk.free}
 }
 
 // findSuitable returns the first block of the smallest non-empty list
@@ -293,7 +287,7 @@ func (x *Index) markAllocated(b uint32) Block {
 	x.allocBlocks++
 	x.allocated += bk.size
 	x.live.put(bk.addr, b)
-	return Block{Addr: bk.addr, Size: bk.size, Tag: bk.tag}
+	return Block{Addr: bk.addr, Size: bk.size, ID: b}
 }
 
 // splitTail cuts free record b (out of the lists) down to size bytes and

@@ -228,13 +228,13 @@ func TestIndexAgainstModel(t *testing.T) {
 					t.Skip("nothing live")
 				}
 				a := rapid.SampledFrom(addrs).Draw(t, "addr")
-				size, err := m.x.Free(a)
+				freed, err := m.x.Free(a)
 				if err != nil {
 					t.Fatal(err)
 				}
 				want, _ := m.ref.Free(a)
-				if size != want {
-					t.Fatalf("free %#x returned %d, block was %d", a, size, want)
+				if freed.Size != want || freed.Addr != a {
+					t.Fatalf("free %#x returned %+v, block was %d bytes", a, freed, want)
 				}
 				delete(m.reqs, a)
 			},
