@@ -114,7 +114,7 @@ func (x *Index) Check() error {
 			} else {
 				nAlloc++
 				regAlloc += bk.size
-				if rec, ok := x.live.get(bk.addr); !ok || rec != b {
+				if rec, ok := x.live.Get(bk.addr); !ok || rec != uint64(b) {
 					return fail("allocated block %#x missing from the address table", bk.addr)
 				}
 			}
@@ -137,8 +137,8 @@ func (x *Index) Check() error {
 	if nAlloc != x.allocBlocks || nFree != x.freeBlocksN {
 		return fail("block counts: walk %d/%d, recorded %d/%d (allocated/free)", nAlloc, nFree, x.allocBlocks, x.freeBlocksN)
 	}
-	if x.live.n != nAlloc {
-		return fail("address table holds %d entries for %d allocated blocks", x.live.n, nAlloc)
+	if x.live.Len() != nAlloc {
+		return fail("address table holds %d entries for %d allocated blocks", x.live.Len(), nAlloc)
 	}
 	return x.checkLists(nFree)
 }

@@ -3,6 +3,8 @@ package tlsf
 import (
 	"fmt"
 	"math/bits"
+
+	"github.com/gpumem/tlsf/internal/addrmap"
 )
 
 // MaxSize is the largest block, region or request in bytes: 2^48 (256 TiB).
@@ -76,7 +78,7 @@ type Index struct {
 
 	blocks []block   // every record, live or spare
 	spare  []uint32  // recycled record indexes
-	live   addrMap   // allocated block start → record
+	live   addrmap.Map // allocated block start → record
 	reg    regionSet // regions by base address
 
 	allocated   uint64 // bytes in allocated blocks
@@ -115,7 +117,7 @@ func New(cfg Config) (*Index, error) {
 	for i := range x.heads {
 		x.heads[i] = nilRec
 	}
-	x.live.init(g)
+	x.live.Init(g)
 	return x, nil
 }
 
@@ -217,10 +219,11 @@ func (x *Index) AllocAligned(size, align uint64) (Block, error) {
 // but not its start). Finding which of the two applies walks the region
 // once; correct frees never do.
 func (x *Index) Free(addr uint64) (Block, error) {
-	b, ok := x.live.take(addr)
+	r, ok := x.live.Take(addr)
 	if !ok {
 		return Block{}, x.classifyBadAddress(addr)
 	}
+	b := uint32(r)
 	bk := &x.blocks[b]
 	freed := Block{Addr: addr, Size: bk.size, ID: b}
 	x.allocated -= bk.size
@@ -244,11 +247,11 @@ func (x *Index) Free(addr uint64) (Block, error) {
 // Lookup returns the allocated block that starts at addr.
 // Errors: ErrDoubleFree or ErrUnknownAddress, as for Free.
 func (x *Index) Lookup(addr uint64) (Block, error) {
-	b, ok := x.live.get(addr)
+	b, ok := x.live.Get(addr)
 	if !ok {
 		return Block{}, x.classifyBadAddress(addr)
 	}
-	return x.public(b), nil
+	return x.public(uint32(b)), nil
 }
 
 // MaxID bounds the IDs of allocated blocks: every ID is below it. It
@@ -286,7 +289,7 @@ func (x *Index) markAllocated(b uint32) Block {
 	x.freeBlocksN--
 	x.allocBlocks++
 	x.allocated += bk.size
-	x.live.put(bk.addr, b)
+	x.live.Put(bk.addr, uint64(b))
 	return Block{Addr: bk.addr, Size: bk.size, ID: b}
 }
 

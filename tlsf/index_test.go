@@ -376,7 +376,7 @@ func TestCheckDetectsCorruption(t *testing.T) {
 		{"bitmap bit cleared", func(x *Index) { x.flBitmap = 0 }},
 		{"size changed", func(x *Index) { x.blocks[x.reg.slots[0].first].size += 256 }},
 		{"allocated count", func(x *Index) { x.allocated++ }},
-		{"address table entry lost", func(x *Index) { x.live.del(x.blocks[x.reg.slots[0].first].addr) }},
+		{"address table entry lost", func(x *Index) { x.live.Take(x.blocks[x.reg.slots[0].first].addr) }},
 		{"free flag flipped", func(x *Index) { x.blocks[x.reg.slots[0].last].free = false }},
 	}
 	for _, c := range corrupt {
@@ -389,4 +389,23 @@ func TestCheckDetectsCorruption(t *testing.T) {
 			assert.True(t, errors.Is(err, ErrCorrupt))
 		})
 	}
+}
+
+func TestLast(t *testing.T) {
+	x := newIndex(t, 1*MiB, 1*MiB)
+	last, err := x.Last(1 * MiB)
+	require.NoError(t, err)
+	assert.Equal(t, Block{Addr: 1 * MiB, Size: 1 * MiB, Free: true, ID: last.ID}, last)
+	b := mustAlloc(t, x, 1*MiB-16*KiB) // a class boundary: no rounding
+	last, err = x.Last(1 * MiB)
+	require.NoError(t, err)
+	assert.True(t, last.Free)
+	assert.Equal(t, uint64(16*KiB), last.Size)
+	mustAlloc(t, x, 16*KiB)
+	last, err = x.Last(1 * MiB)
+	require.NoError(t, err)
+	assert.False(t, last.Free)
+	assert.NotEqual(t, b.Addr, last.Addr)
+	_, err = x.Last(0)
+	require.ErrorIs(t, err, ErrBadRegion)
 }

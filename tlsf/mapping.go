@@ -58,3 +58,14 @@ func (m *mapping) classMin(fl, sl uint) uint64 {
 	t := fl + m.granLog2 + m.slLog2 - 1
 	return uint64(1)<<t | uint64(sl)<<(t-m.slLog2)
 }
+
+// SizeClass returns the size class of a request of size bytes (1 to
+// MaxSize): the index of the list mapping search starts from, counting
+// lists from 0 in size order, and the block size such a request gets. It
+// reads only the index's configuration, so it is safe to call
+// concurrently with any other method.
+func (x *Index) SizeClass(size uint64) (class int, rounded uint64) {
+	rounded = x.roundUp(size)
+	fl, sl := x.insert(rounded)
+	return int(fl<<x.slLog2 | sl), rounded
+}

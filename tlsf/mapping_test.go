@@ -99,3 +99,21 @@ func TestMappingContinuity(t *testing.T) {
 		prevFL, prevSL = fl, sl
 	}
 }
+
+// Size classes number the lists in size order, and every size of a class
+// rounds to the class's lower bound.
+func TestSizeClass(t *testing.T) {
+	x := defaultMapping(t)
+	prev := -1
+	for size := uint64(1); size <= 4<<20; size += 97 {
+		c, r := x.SizeClass(size)
+		assert.GreaterOrEqual(t, c, prev)
+		prev = c
+		r2, err := x.RoundUp(size)
+		require.NoError(t, err)
+		assert.Equal(t, r2, r)
+		c2, r3 := x.SizeClass(r)
+		assert.Equal(t, c, c2, "the rounded size is in the same class")
+		assert.Equal(t, r, r3)
+	}
+}

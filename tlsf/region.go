@@ -215,3 +215,14 @@ func (x *Index) RegionOf(addr uint64) (RegionInfo, bool) {
 	}
 	return x.regionInfo(s), true
 }
+
+// Last returns the block at the top of the region that starts at base:
+// the block GrowRegion would extend when it is free.
+// Errors: ErrBadRegion (no region starts at base).
+func (x *Index) Last(base uint64) (Block, error) {
+	_, slot, ok := x.reg.byBase(base)
+	if !ok {
+		return Block{}, fmt.Errorf("%w: no region starts at %#x", ErrBadRegion, base)
+	}
+	return x.public(x.reg.slots[slot].last), nil
+}

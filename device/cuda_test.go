@@ -1,0 +1,365 @@
+package device
+
+// GPU tests of CUDADevice. Where there is no driver or no GPU they skip,
+// unless TLSF_REQUIRE_GPU=1, when they fail (see CUDAOrSkipReason). Build
+// and run them on a GPU machine without a Go toolchain with:
+//
+//	GOOS=linux GOARCH=amd64 CGO_ENABLED=0 go test -c -o bin/device.test ./device
+//	TLSF_REQUIRE_GPU=1 ./bin/device.test -test.v -test.run CUDA
+
+import (
+	"encoding/binary"
+	"errors"
+	"runtime"
+	"testing"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
+)
+
+// openCUDA opens device 0 for t and closes it when t ends, or skips t
+// (fails it with TLSF_REQUIRE_GPU=1) where there is no GPU. It is what
+// internal/gputest.Open does for other packages; this package's tests
+// cannot import that package without an import cycle.
+func openCUDA(tb testing.TB) *CUDADevice {
+	tb.Helper()
+	d, skip, err := CUDAOrSkipReason(0)
+	switch {
+	case err != nil:
+		tb.Fatal(err)
+	case skip != "":
+		tb.Skip(skip)
+	}
+	tb.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			tb.Errorf("Close: %v", err)
+		}
+	})
+	return d
+}
+
+// rawSym resolves a driver entry point the package itself does not use,
+// for tests that play the part of other CUDA code in the process.
+func rawSym(tb testing.TB, d *CUDADevice, name string) *cuSym {
+	tb.Helper()
+	addr, err := purego.Dlsym(d.drv.lib, name)
+	if err != nil || addr == 0 {
+		tb.Skipf("driver lacks %s: %v", name, err)
+	}
+	return &cuSym{name: name, addr: addr}
+}
+
+// currentCtx is cuCtxGetCurrent on the calling thread.
+func currentCtx(tb testing.TB, d *CUDADevice) uintptr {
+	tb.Helper()
+	get := rawSym(tb, d, "cuCtxGetCurrent")
+	var ctx uintptr
+	if r := get.call(uintptr(unsafe.Pointer(&ctx))); r != cudaSuccess {
+		tb.Fatal(d.drv.error(get, r))
+	}
+	return ctx
+}
+
+// cuReadWords copies n 32-bit words from device address src.
+func cuReadWords(tb testing.TB, d Device, src uintptr, n int) []uint32 {
+	tb.Helper()
+	b := make([]byte, 4*n)
+	if err := d.MemcpyDtoH(b, src); err != nil {
+		tb.Fatalf("MemcpyDtoH(%#x, %d B): %v", src, len(b), err)
+	}
+	w := make([]uint32, n)
+	for i := range w {
+		w[i] = binary.LittleEndian.Uint32(b[4*i:])
+	}
+	return w
+}
+
+// cuWantWords fails tb at the first word of got that is not want.
+func cuWantWords(tb testing.TB, what string, got []uint32, want uint32) {
+	tb.Helper()
+	for i, w := range got {
+		if w != want {
+			tb.Fatalf("%s: word %d = %#x, want %#x", what, i, w, want)
+		}
+	}
+}
+
+func cuMust(tb testing.TB, err error) {
+	tb.Helper()
+	if err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func TestCUDAConformance(t *testing.T) {
+	runConformance(t, openCUDA(t))
+}
+
+func TestCUDAInfo(t *testing.T) {
+	d := openCUDA(t)
+	n, err := Count()
+	cuMust(t, err)
+	v, err := DriverVersion()
+	cuMust(t, err)
+	free, total, err := d.MemGetInfo()
+	cuMust(t, err)
+	t.Logf("%v: driver CUDA %d.%d, %d device(s), %.1f of %.1f GiB free, VMM %v, texture pitch alignment %d B, test binary CGO_ENABLED=%s",
+		d, v/1000, v%1000/10, n, float64(free)/(1<<30), float64(total)/(1<<30), d.VMMSupported(), d.TexturePitchAlignment(), cgoSetting())
+	if n < 1 || d.Name() == "" || total == 0 || free > total || d.TexturePitchAlignment() == 0 {
+		t.Errorf("implausible: count %d, name %q, free %d, total %d, pitch alignment %d",
+			n, d.Name(), free, total, d.TexturePitchAlignment())
+	}
+	if d.Context() == 0 {
+		t.Error("Context() = 0")
+	}
+	if !d.VMMSupported() {
+		return
+	}
+	g, err := d.AllocationGranularity()
+	cuMust(t, err)
+	c := d.Counts()
+	before := c.Total()
+	if g2, err := d.AllocationGranularity(); err != nil || g2 != g {
+		t.Errorf("second AllocationGranularity = %d, %v; want the cached %d", g2, err, g)
+	}
+	c = d.Counts()
+	if after := c.Total(); after != before {
+		t.Errorf("cached AllocationGranularity made driver calls (%d → %d)", before, after)
+	}
+	t.Logf("allocation granularity %d B", g)
+}
+
+// TestCUDAEveryDevice opens all devices at once: several devices, each on
+// its own primary context, in one process.
+func TestCUDAEveryDevice(t *testing.T) {
+	openCUDA(t)
+	n, err := Count()
+	cuMust(t, err)
+	var devs []*CUDADevice
+	for i := 0; i < n; i++ {
+		d, err := CUDA(i)
+		cuMust(t, err)
+		defer d.Close()
+		devs = append(devs, d)
+	}
+	for _, d := range devs {
+		p, err := d.MemAlloc(1 << 20)
+		cuMust(t, err)
+		cuMust(t, d.MemsetD32(p, uint32(d.Ordinal()+1), 1<<18))
+		cuWantWords(t, d.String(), cuReadWords(t, d, p, 1<<18), uint32(d.Ordinal()+1))
+		cuMust(t, d.MemFree(p))
+	}
+	for _, bad := range []int{-1, n} {
+		if _, err := CUDA(bad); !errors.Is(err, ErrNoDevice) {
+			t.Errorf("CUDA(%d) = %v, want ErrNoDevice", bad, err)
+		}
+	}
+}
+
+// TestCUDAErrors: failures carry the versioned entry point and the
+// driver's name for the code, and map to the sentinels. (The conformance
+// suite covers which sentinel each misuse gives.)
+func TestCUDAErrors(t *testing.T) {
+	d := openCUDA(t)
+	_, err := d.MemAlloc(1 << 50) // 1 PiB
+	var e *Error
+	if !errors.Is(err, ErrOutOfMemory) || !errors.As(err, &e) ||
+		e.Call != "cuMemAlloc_v2" || e.Name != "CUDA_ERROR_OUT_OF_MEMORY" || e.Code != cudaErrorOutOfMemory {
+		t.Errorf("MemAlloc(1 PiB) = %#v, want *Error{cuMemAlloc_v2, 2, CUDA_ERROR_OUT_OF_MEMORY} matching ErrOutOfMemory", err)
+	}
+	t.Logf("MemAlloc(1 PiB): %v", err)
+	if d.VMMSupported() {
+		g, err := d.AllocationGranularity()
+		cuMust(t, err)
+		_, err = d.MemCreate(1 << 50 / g * g)
+		t.Logf("MemCreate(1 PiB): %v (ErrOutOfMemory: %v)", err, errors.Is(err, ErrOutOfMemory))
+		if err == nil {
+			t.Error("MemCreate(1 PiB) succeeded")
+		}
+	}
+	before := d.Counts()[CallMemcpyDtoH]
+	cuMust(t, d.MemcpyDtoH(nil, 0))
+	if d.Counts()[CallMemcpyDtoH] != before {
+		t.Error("MemcpyDtoH of nothing called the driver")
+	}
+}
+
+// TestCUDAEventsAcrossStreams: a stream that waits on an event recorded on
+// another runs after the work before the record. s1 fills a large buffer
+// with 1; s2, after waiting on e, overwrites a small prefix with 2. Without
+// the wait the small memset would finish first and be overwritten.
+func TestCUDAEventsAcrossStreams(t *testing.T) {
+	d := openCUDA(t)
+	const size = 1 << 30
+	const prefix = 1 << 20
+	p, err := d.MemAlloc(size)
+	cuMust(t, err)
+	defer func() { cuMust(t, d.MemFree(p)) }()
+	s1, err := d.StreamCreate()
+	cuMust(t, err)
+	defer func() { cuMust(t, d.StreamDestroy(s1)) }()
+	s2, err := d.StreamCreate()
+	cuMust(t, err)
+	defer func() { cuMust(t, d.StreamDestroy(s2)) }()
+	e, err := d.EventCreate()
+	cuMust(t, err)
+	defer func() { cuMust(t, d.EventDestroy(e)) }()
+
+	if done, err := d.EventQuery(e); err != nil || !done {
+		t.Errorf("EventQuery(never recorded) = %v, %v; want true, nil", done, err)
+	}
+	cuMust(t, d.MemsetD32Async(p, 1, size/4, s1))
+	cuMust(t, d.EventRecord(e, s1))
+	done, err := d.EventQuery(e)
+	cuMust(t, err)
+	t.Logf("EventQuery right after a 1 GiB memset: done=%v", done)
+	cuMust(t, d.StreamWaitEvent(s2, e))
+	cuMust(t, d.MemsetD32Async(p, 2, prefix/4, s2))
+	cuMust(t, d.StreamSynchronize(s2))
+	if done, err := d.EventQuery(e); err != nil || !done {
+		t.Errorf("EventQuery after s2, which waited on e, is done = %v, %v; want true, nil", done, err)
+	}
+	cuMust(t, d.EventSynchronize(e))
+	cuMust(t, d.StreamSynchronize(s1))
+	cuWantWords(t, "prefix written by s2 after the wait", cuReadWords(t, d, p, prefix/4), 2)
+	cuWantWords(t, "words after the prefix", cuReadWords(t, d, p+prefix, 1024), 1)
+	cuWantWords(t, "end of the buffer", cuReadWords(t, d, p+size-4096, 1024), 1)
+
+	c := d.Counts()
+	for _, k := range []Call{CallStreamCreate, CallEventCreate, CallEventRecord, CallEventQuery, CallStreamWaitEvent, CallMemsetD32Async} {
+		if c[k] == 0 {
+			t.Errorf("Counts()[%v] = 0", k)
+		}
+	}
+	t.Logf("counts: %v", c.Map())
+}
+
+// TestCUDAWithContext: a context made by other code in the process serves
+// CUDAWithContext, and neither kind of device disturbs the context stack
+// of the caller's thread.
+func TestCUDAWithContext(t *testing.T) {
+	primary := openCUDA(t)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+
+	if cur := currentCtx(t, primary); cur != 0 {
+		t.Skipf("test thread already has context %#x current", cur)
+	}
+	// Play cgo code that made its own context: cuCtxCreate_v2 makes it
+	// and pushes it on this thread.
+	create := rawSym(t, primary, "cuCtxCreate_v2")
+	destroy := rawSym(t, primary, "cuCtxDestroy_v2")
+	var ctx uintptr
+	if r := create.call(uintptr(unsafe.Pointer(&ctx)), 0, uintptr(primary.dev)); r != cudaSuccess {
+		t.Fatal(primary.drv.error(create, r))
+	}
+	defer func() {
+		if r := destroy.call(ctx); r != cudaSuccess {
+			t.Error(primary.drv.error(destroy, r))
+		}
+	}()
+	if ctx == primary.Context() {
+		t.Fatal("cuCtxCreate returned the primary context")
+	}
+
+	own, err := CUDAWithContext(0, ctx)
+	cuMust(t, err)
+	p, err := own.MemAlloc(1 << 20)
+	cuMust(t, err)
+	cuMust(t, own.MemsetD32(p, 7, 1<<18))
+	cuWantWords(t, "memory of the caller's context", cuReadWords(t, own, p, 1<<18), 7)
+	cuMust(t, own.MemFree(p))
+
+	// The caller's context is current; calls of the primary-context device
+	// must leave it so.
+	q, err := primary.MemAlloc(4096)
+	cuMust(t, err)
+	cuMust(t, primary.MemFree(q))
+	if cur := currentCtx(t, primary); cur != ctx {
+		t.Errorf("after primary-context calls, current context = %#x, want the caller's %#x", cur, ctx)
+	}
+	// With no context current, calls must leave none.
+	var popped uintptr
+	if r := primary.drv.cuCtxPopCurrent.call(uintptr(unsafe.Pointer(&popped))); r != cudaSuccess || popped != ctx {
+		t.Fatalf("pop = %v, %#x", primary.drv.error(&primary.drv.cuCtxPopCurrent, r), popped)
+	}
+	_, _, err = own.MemGetInfo()
+	cuMust(t, err)
+	if cur := currentCtx(t, primary); cur != 0 {
+		t.Errorf("after calls from a thread with no context, current = %#x, want none", cur)
+	}
+	cuMust(t, own.Close())
+	if _, err := own.MemAlloc(4096); !errors.Is(err, ErrInvalidValue) {
+		t.Errorf("MemAlloc after Close = %v, want ErrInvalidValue", err)
+	}
+
+	if _, err := CUDAWithContext(0, 0); !errors.Is(err, ErrInvalidValue) {
+		t.Errorf("CUDAWithContext(0, nil) = %v, want ErrInvalidValue", err)
+	}
+	if n, _ := Count(); n > 1 {
+		if _, err := CUDAWithContext(1, ctx); !errors.Is(err, ErrInvalidValue) {
+			t.Errorf("CUDAWithContext(1, device 0's context) = %v, want ErrInvalidValue", err)
+		}
+	}
+}
+
+// TestCUDAClose: two devices share the primary context; closing one
+// leaves the other working, and a closed device fails cleanly.
+func TestCUDAClose(t *testing.T) {
+	a := openCUDA(t)
+	b, err := CUDA(0)
+	cuMust(t, err)
+	if a.Context() != b.Context() {
+		t.Errorf("two CUDA(0) have contexts %#x and %#x, want the one primary context", a.Context(), b.Context())
+	}
+	cuMust(t, b.Close())
+	cuMust(t, b.Close())
+	if _, err := b.MemAlloc(4096); !errors.Is(err, ErrInvalidValue) {
+		t.Errorf("MemAlloc after Close = %v, want ErrInvalidValue", err)
+	}
+	if _, err := b.EventQuery(0); !errors.Is(err, ErrInvalidValue) {
+		t.Errorf("EventQuery after Close = %v, want ErrInvalidValue", err)
+	}
+	p, err := a.MemAlloc(4096)
+	cuMust(t, err)
+	cuMust(t, a.MemFree(p))
+}
+
+// BenchmarkCUDAEventQuery is the cheapest method on a completed event:
+// thread lock, push, cuEventQuery, pop.
+func BenchmarkCUDAEventQuery(b *testing.B) {
+	d := openCUDA(b)
+	e, err := d.EventCreate()
+	cuMust(b, err)
+	defer d.EventDestroy(e)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := d.EventQuery(e); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCUDABareCall is one driver call with no thread lock and no
+// context push/pop (cuDriverGetVersion), the floor under every method.
+func BenchmarkCUDABareCall(b *testing.B) {
+	d := openCUDA(b)
+	var v int32
+	for b.Loop() {
+		d.drv.cuDriverGetVersion.call(uintptr(unsafe.Pointer(&v)))
+	}
+}
+
+func BenchmarkCUDAMemAllocFree(b *testing.B) {
+	d := openCUDA(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		p, err := d.MemAlloc(1 << 20)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := d.MemFree(p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,441 @@
+package device
+
+// Sim: a simulated GPU for tests and CI.
+//
+// Sim implements Device without a GPU. It is the stand-in for every CI test
+// of the pool, so it aims at two things: behaving like the driver wherever
+// a pool could tell the difference, and being deterministic, so a failing
+// test fails the same way twice.
+//
+// One physical GPU, several processes. A simGPU holds what processes
+// share: the capacity, the bytes in use across all of them, and the one
+// mutex every Sim method takes. NewSim makes the GPU and its first process;
+// NewProcess adds another process (another *Sim) on the same GPU. Each
+// process has its own address space, handles, streams, counters and
+// faults, as a real process has its own CUDA context; only capacity is
+// shared, so one process's allocations lower the free memory another sees
+// and can make its allocations fail. Occupy and Vacate stand for processes
+// outside the test. One lock for all is simple and plenty: Sim is not a
+// fast path, and a single lock makes every call atomic, so "a failed call
+// changes nothing" holds by validating everything before the first write.
+//
+// Address space (sim_va.go). Each process owns a 4 TiB window of virtual
+// addresses near 0x7f0000000000, where the driver's pointers live on
+// x86-64 Linux; windows of different processes are disjoint, so a pointer
+// passed to the wrong process faults instead of hitting a stranger's
+// allocation. Linear allocations and VMM reservations both take ranges
+// from one lowest-first-fit free list, so they never overlap and freed
+// ranges are reused low first, as the driver tends to.
+//
+// Physical memory. A simPhys is one physical allocation: a linear
+// allocation (MemAlloc, MemAllocPitch) or a MemCreate handle. It carries
+// the capacity it consumes and, with SimConfig.Shadow, its contents
+// (sim_shadow.go): an interval map of 32-bit fill words, so a memset of
+// many GiB costs one entry. Contents belong to the physical allocation,
+// not to addresses: a handle unmapped and mapped elsewhere keeps them; a
+// different handle mapped at the same address does not see them. Memory
+// never written reads as SimUninitialized.
+//
+// VMM (sim_vmm.go) follows the driver's rules: mappings only inside
+// reservations, whole handles at offset 0, access granted with
+// MemSetAccess before memset or copy may touch them, unmaps covering whole
+// mappings, and a handle's memory freed only once it is released and
+// unmapped everywhere (the driver's reference count).
+//
+// Streams and events (sim_stream.go). Work runs when it is issued unless a
+// test holds its stream (HoldStream) or it waits for an event whose work
+// is held. Held work stays queued: events after it report not done, and
+// its writes land only when the hold is lifted (ReleaseStream, or a
+// synchronize that must wait for it). Vector clocks over streams give the
+// happens-before order that events, waits and host synchronisation
+// establish; Sim records a violation (Violations) when memory with queued
+// work is freed or unmapped, or when work or a host access touches bytes
+// that queued work on another stream will write without being ordered
+// after it. That is how a pool test catches reuse of memory the GPU still
+// uses.
+//
+// Time (sim_latency.go) is accounted per call from a latency model and
+// never slept. Fault injection (sim_fault.go) makes chosen calls fail, by
+// count or by a seeded PRNG, without side effects.
+
+import (
+	"fmt"
+	"math/bits"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// SimUninitialized is the 32-bit word that memory never written reads as,
+// stored little-endian like any word: bytes 0x0d 0xf0 0xad 0xba repeating
+// from every 4-byte aligned address. Without SimConfig.Shadow, all memory
+// reads as this.
+const SimUninitialized uint32 = 0xBAADF00D
+
+// Defaults for SimConfig's zero fields.
+const (
+	// 143771 MiB: the total that cuMemGetInfo reports on an H200 (the
+	// board carries 144 GiB of HBM3e; the driver keeps the rest).
+	simDefaultCapacity = 150754820096
+	// 2 MiB: cuMemGetAllocationGranularity (minimum) on every NVIDIA GPU
+	// since Pascal, the size of a large GPU page.
+	simDefaultGranularity = 2 << 20
+	// 512 bytes: cuMemAllocPitch rounds pitches to 512 on current GPUs
+	// (measured on the H200: widths 4, 2052, 16000 give 512, 2560, 16384).
+	simDefaultPitchAlignment = 512
+	// 32 bytes: CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT as published
+	// device-property dumps show it on Pascal, Turing and Ampere GPUs. No
+	// H200 dump was at hand; Hopper is assumed to keep the value.
+	simDefaultTexturePitchAlignment = 32
+	simDefaultName                  = "Simulated H200"
+)
+
+// simLinearAlign is the alignment of MemAlloc's pointers and the unit in
+// which linear allocations consume capacity (bytes). The driver promises
+// 256-byte alignment and gives at least 512 in practice. It consumes
+// whole 2 MiB pages, packing small allocations into them, which Sim does
+// not model: rounding each allocation to 512 bytes keeps the accounting
+// exact and predictable for tests.
+const simLinearAlign = 512
+
+// SimConfig configures NewSim. The zero value of every field selects the
+// default given with it, which models an H200.
+type SimConfig struct {
+	// Capacity is the GPU's memory in bytes, shared by all processes.
+	// Default 150754820096 (143771 MiB, an H200's cuMemGetInfo total).
+	Capacity uint64
+	// Granularity is the VMM allocation granularity in bytes, a power of
+	// two of at least 512. Default 2 MiB.
+	Granularity uint64
+	// NoVMM makes VMMSupported report false and every VMM call fail with
+	// ErrNotSupported.
+	NoVMM bool
+	// Latency is the model of call durations; nil selects H200Latency().
+	// It is shared by the GPU's processes and must not change after
+	// NewSim.
+	Latency *Latency
+	// Seed seeds the PRNG behind FailRate; the same seed and the same
+	// sequence of calls give the same failures.
+	Seed uint64
+	// Shadow keeps the contents of device memory, so MemcpyDtoH returns
+	// what memsets wrote. Without it, every read returns SimUninitialized
+	// (addresses are still validated).
+	Shadow bool
+	// Name is what Name reports. Default "Simulated H200".
+	Name string
+	// Ordinal is what Ordinal reports. Default 0.
+	Ordinal int
+	// PitchAlignment is the multiple, in bytes, to which MemAllocPitch
+	// rounds row pitches; a power of two. Default 512.
+	PitchAlignment uint64
+	// TexturePitchAlignment is what TexturePitchAlignment reports, in
+	// bytes. Default 32 (see simDefaultTexturePitchAlignment).
+	TexturePitchAlignment uint64
+}
+
+// simGPU is what all processes on one simulated GPU share.
+type simGPU struct {
+	mu       sync.Mutex // guards everything in every Sim on this GPU
+	capacity uint64     // bytes
+	used     uint64     // bytes in use: every process's used plus occupied
+	occupied uint64     // bytes taken by Occupy
+	procs    []*Sim     // every process, in creation order
+}
+
+// Sim is a deterministic simulated GPU implementing Device: one process's
+// view of it. See the comment at the top of sim.go for the design.
+//
+// All methods are safe for concurrent use; calls on all processes of one
+// GPU are serialised by one mutex, so each call is atomic. A failed call
+// changes nothing but the counters and the simulated time.
+type Sim struct {
+	g    *simGPU
+	cfg  SimConfig // defaults filled in
+	lat  *Latency
+	proc int                        // index among the GPU's processes
+	hook atomic.Pointer[func(Call)] // SetHook; called outside g.mu
+
+	// Guarded by g.mu.
+	closed     bool
+	counts     Counts
+	times      [NumCalls]time.Duration
+	used       uint64 // capacity this process consumes, bytes
+	va         simVA
+	regions    []*simRegion // linear allocations and reservations, by start
+	handles    map[MemHandle]*simPhys
+	nextHandle uint64
+	streams    map[Stream]*simStream // every stream ever made, destroyed ones too
+	live       []*simStream          // streams not yet retired, in creation order
+	nextStream uint64
+	events     map[Event]*simEvent // events not destroyed
+	nextEvent  uint64
+	host       simClock // what the host has seen complete
+	faults     simFaults
+	violations []string
+}
+
+// NewSim returns the first process on a new simulated GPU configured by
+// cfg. It panics if cfg is inconsistent: a granularity, pitch alignment or
+// texture pitch alignment that is not a power of two, or a granularity
+// below 512 bytes.
+func NewSim(cfg SimConfig) *Sim {
+	if cfg.Capacity == 0 {
+		cfg.Capacity = simDefaultCapacity
+	}
+	if cfg.Granularity == 0 {
+		cfg.Granularity = simDefaultGranularity
+	}
+	if cfg.Latency == nil {
+		cfg.Latency = H200Latency()
+	}
+	if cfg.Name == "" {
+		cfg.Name = simDefaultName
+	}
+	if cfg.PitchAlignment == 0 {
+		cfg.PitchAlignment = simDefaultPitchAlignment
+	}
+	if cfg.TexturePitchAlignment == 0 {
+		cfg.TexturePitchAlignment = simDefaultTexturePitchAlignment
+	}
+	for _, f := range []struct {
+		name string
+		v    uint64
+	}{
+		{"Granularity", cfg.Granularity},
+		{"PitchAlignment", cfg.PitchAlignment},
+		{"TexturePitchAlignment", cfg.TexturePitchAlignment},
+	} {
+		if bits.OnesCount64(f.v) != 1 {
+			panic(fmt.Sprintf("device: NewSim: %s %d is not a power of two", f.name, f.v))
+		}
+	}
+	if cfg.Granularity < simLinearAlign {
+		panic(fmt.Sprintf("device: NewSim: Granularity %d is below %d bytes", cfg.Granularity, simLinearAlign))
+	}
+	g := &simGPU{capacity: cfg.Capacity}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.newProcess(cfg)
+}
+
+// NewProcess returns another process on the same simulated GPU, configured
+// like s: it shares the capacity (and the lock) with every other process
+// and has its own address space, handles, streams, counters, faults and
+// hook. Its handles and pointers are not valid in other processes.
+func (s *Sim) NewProcess() *Sim {
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	return s.g.newProcess(s.cfg)
+}
+
+// simMaxWindows is how many processes get disjoint address windows; more
+// processes reuse windows (their address spaces are separate anyway).
+const simMaxWindows = 32
+
+// simVATop is where process 0's address window starts; process p's window
+// starts p windows lower. 0x7f0000000000 is where the driver's pointers
+// appear on x86-64 Linux.
+const simVATop uint64 = 0x7f00_0000_0000
+
+// simVASpan is each process's window of virtual addresses, in bytes: 4 TiB,
+// room for reservations of many times an H200's capacity. Reservations
+// beyond it fail with ErrOutOfMemory, as the driver's do when its address
+// space runs out.
+const simVASpan uint64 = 1 << 42
+
+func (g *simGPU) newProcess(cfg SimConfig) *Sim {
+	p := len(g.procs)
+	base := simVATop - uint64(p%simMaxWindows)*simVASpan
+	s := &Sim{
+		g:       g,
+		cfg:     cfg,
+		lat:     cfg.Latency,
+		proc:    p,
+		va:      newSimVA(uintptr(base), simVASpan),
+		handles: make(map[MemHandle]*simPhys),
+		streams: make(map[Stream]*simStream),
+		events:  make(map[Event]*simEvent),
+	}
+	def := &simStream{h: 0, idx: 0}
+	s.streams[0] = def
+	s.live = []*simStream{def}
+	s.faults.init(cfg.Seed, p)
+	g.procs = append(g.procs, s)
+	return s
+}
+
+// simTag builds the deterministic handle values of one process: the
+// process number in bits 40-47, a kind tag in bits 32-39 and a counter
+// below, so handles never repeat and name their owner in a debugger.
+func (s *Sim) simTag(kind uint64, n uint64) uint64 {
+	return uint64(s.proc+1)<<40 | kind<<32 | n
+}
+
+// Handle kind tags for simTag.
+const (
+	simTagStream = 0x5
+	simTagEvent  = 0xe
+	simTagHandle = 0xa
+)
+
+// do runs one driver call of kind c: the hook (outside the lock), then
+// under the lock the counter, the overhead, the closed check, injected
+// faults, and f, which does the work and returns the size in bytes the
+// latency model charges for it. A failed call pays only the overhead.
+func (s *Sim) do(c Call, f func() (size uint64, err error)) error {
+	if h := s.hook.Load(); h != nil {
+		(*h)(c)
+	}
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	s.counts[c]++
+	s.times[c] += s.lat.Overhead
+	if s.closed {
+		return simErr(c, ErrInvalidValue, "device is closed")
+	}
+	if err := s.faults.inject(c, s.counts[c]); err != nil {
+		return err
+	}
+	size, err := f()
+	if err == nil && s.lat.Cost[c] != nil {
+		s.times[c] += s.lat.Cost[c](size)
+	}
+	return err
+}
+
+// simErr is an error of call c wrapping sentinel, with detail.
+func simErr(c Call, sentinel error, format string, args ...any) error {
+	return fmt.Errorf("device: sim %s: %s: %w", c, fmt.Sprintf(format, args...), sentinel)
+}
+
+// Ordinal returns SimConfig.Ordinal.
+func (s *Sim) Ordinal() int { return s.cfg.Ordinal }
+
+// Name returns SimConfig.Name (default "Simulated H200").
+func (s *Sim) Name() string { return s.cfg.Name }
+
+// TexturePitchAlignment returns SimConfig.TexturePitchAlignment in bytes
+// (default 32).
+func (s *Sim) TexturePitchAlignment() uint64 { return s.cfg.TexturePitchAlignment }
+
+// VMMSupported reports !SimConfig.NoVMM.
+func (s *Sim) VMMSupported() bool { return !s.cfg.NoVMM }
+
+// AllocationGranularity returns SimConfig.Granularity in bytes (default
+// 2 MiB), or ErrNotSupported with NoVMM. It is not a counted call.
+func (s *Sim) AllocationGranularity() (uint64, error) {
+	if s.cfg.NoVMM {
+		return 0, fmt.Errorf("device: sim cuMemGetAllocationGranularity: %w", ErrNotSupported)
+	}
+	return s.cfg.Granularity, nil
+}
+
+// MemGetInfo returns the free and total memory of the GPU in bytes: total
+// is SimConfig.Capacity, free is what no process (and no Occupy) uses.
+func (s *Sim) MemGetInfo() (free, total uint64, err error) {
+	err = s.do(CallMemGetInfo, func() (uint64, error) {
+		free, total = s.g.capacity-s.g.used, s.g.capacity
+		return 0, nil
+	})
+	return free, total, err
+}
+
+// charge takes n bytes of the GPU's capacity for this process, or fails
+// with ErrOutOfMemory for call c, taking nothing.
+func (s *Sim) charge(c Call, n uint64) error {
+	if free := s.g.capacity - s.g.used; n > free {
+		return simErr(c, ErrOutOfMemory, "%d bytes wanted, %d free of %d", n, free, s.g.capacity)
+	}
+	s.g.used += n
+	s.used += n
+	return nil
+}
+
+// uncharge returns n bytes of capacity that this process had taken.
+func (s *Sim) uncharge(n uint64) {
+	s.g.used -= n
+	s.used -= n
+}
+
+// Occupy takes bytes of the GPU's capacity as an outside process would,
+// lowering what MemGetInfo reports free to every process. It fails with
+// ErrOutOfMemory, taking nothing, if fewer bytes are free. Safe for
+// concurrent use, also from a hook (SetHook).
+func (s *Sim) Occupy(bytes uint64) error {
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	if free := s.g.capacity - s.g.used; bytes > free {
+		return fmt.Errorf("device: sim Occupy: %d bytes wanted, %d free: %w", bytes, free, ErrOutOfMemory)
+	}
+	s.g.used += bytes
+	s.g.occupied += bytes
+	return nil
+}
+
+// Vacate gives back bytes that Occupy took (on any process of this GPU).
+// It panics if more is vacated than is occupied: that is a bug in the
+// test.
+func (s *Sim) Vacate(bytes uint64) {
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	if bytes > s.g.occupied {
+		panic(fmt.Sprintf("device: sim Vacate(%d): only %d bytes occupied", bytes, s.g.occupied))
+	}
+	s.g.used -= bytes
+	s.g.occupied -= bytes
+}
+
+// Close marks this process closed: later driver calls on it fail with
+// ErrInvalidValue, as calls into a destroyed context fail. It frees
+// nothing, so what the process still holds stays counted against the
+// GPU's capacity and leak checks after Close still see it. Introspection
+// (Counts, Used, Violations, ...) keeps working. Close is idempotent and
+// always returns nil.
+func (s *Sim) Close() error {
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	s.closed = true
+	return nil
+}
+
+// SetHook makes f run at the start of every driver call on this process
+// (every Call kind, failed calls too), before the call takes the Sim's
+// lock, with the call's kind. f may call other processes of the same GPU,
+// for example to take memory between a pool's MemGetInfo and its
+// allocation; calls f makes on this process run f again. nil removes the
+// hook. Safe for concurrent use.
+func (s *Sim) SetHook(f func(c Call)) {
+	if f == nil {
+		s.hook.Store(nil)
+		return
+	}
+	s.hook.Store(&f)
+}
+
+// regionAt returns the region containing addr and its index, or nil.
+func (s *Sim) regionAt(addr uintptr) (*simRegion, int) {
+	i := sort.Search(len(s.regions), func(i int) bool { return s.regions[i].start > addr }) - 1
+	if i >= 0 && addr-s.regions[i].start < uintptr(s.regions[i].size) {
+		return s.regions[i], i
+	}
+	return nil, -1
+}
+
+// insertRegion adds r, keeping s.regions sorted by start.
+func (s *Sim) insertRegion(r *simRegion) {
+	i := sort.Search(len(s.regions), func(i int) bool { return s.regions[i].start > r.start })
+	s.regions = append(s.regions, nil)
+	copy(s.regions[i+1:], s.regions[i:])
+	s.regions[i] = r
+}
+
+// removeRegion removes s.regions[i] and returns its addresses to the free
+// list.
+func (s *Sim) removeRegion(i int) {
+	r := s.regions[i]
+	s.regions = append(s.regions[:i], s.regions[i+1:]...)
+	s.va.release(r.start, r.size)
+}
+
+var _ Device = (*Sim)(nil)

@@ -1,0 +1,52 @@
+package addrmap
+
+import (
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// The map agrees with a Go map under random puts, takes and gets, across
+// growth and backward-shift deletions.
+func TestAgainstGoMap(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		m := New(8)
+		ref := map[uint64]uint64{}
+		// Keys from a small range collide often, exercising clusters.
+		key := rapid.Custom(func(t *rapid.T) uint64 { return rapid.Uint64Range(0, 4095).Draw(t, "k") << 8 })
+		t.Repeat(map[string]func(*rapid.T){
+			"put": func(t *rapid.T) {
+				k, v := key.Draw(t, "key"), rapid.Uint64().Draw(t, "val")
+				if _, ok := ref[k]; ok {
+					t.Skip("present")
+				}
+				m.Put(k, v)
+				ref[k] = v
+			},
+			"take": func(t *rapid.T) {
+				k := key.Draw(t, "key")
+				v, ok := m.Take(k)
+				rv, rok := ref[k]
+				if ok != rok || v != rv {
+					t.Fatalf("take %#x: %d %v, want %d %v", k, v, ok, rv, rok)
+				}
+				delete(ref, k)
+			},
+			"": func(t *rapid.T) {
+				if m.Len() != len(ref) {
+					t.Fatalf("len %d, want %d", m.Len(), len(ref))
+				}
+				for k, v := range ref {
+					if got, ok := m.Get(k); !ok || got != v {
+						t.Fatalf("get %#x: %d %v, want %d", k, got, ok, v)
+					}
+				}
+				n := 0
+				m.All(func(k, v uint64) bool { n++; return ref[k] == v })
+				if n != len(ref) {
+					t.Fatalf("All visited %d of %d", n, len(ref))
+				}
+			},
+		})
+	})
+}

@@ -1,0 +1,23 @@
+package replay
+
+import (
+	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/pool"
+)
+
+// Pool adapts a pool to Allocator; trace streams map to device streams
+// through Streams (a nil map, or a missing entry, is the default stream).
+type Pool struct {
+	P       *pool.Pool
+	Streams map[uint64]device.Stream
+}
+
+// Alloc allocates on the stream mapped from the trace's.
+func (a Pool) Alloc(size, stream uint64) (uintptr, error) {
+	return a.P.AllocOn(size, a.Streams[stream])
+}
+
+// Free frees on the stream mapped from the trace's.
+func (a Pool) Free(ptr uintptr, stream uint64) error {
+	return a.P.FreeOn(ptr, a.Streams[stream])
+}

@@ -1,0 +1,118 @@
+// Package replay drives allocation traces through allocators and measures
+// the outcome: peak live bytes, failed allocations, time per operation,
+// and the smallest memory cap under which a trace replays without a
+// failure (found by bisection).
+//
+// A trace's blocks are named by ID; the replayer maps IDs to the pointers
+// the allocator returned. An allocation that fails is recorded and its
+// later free is skipped, so a replay under a tight cap runs to the end.
+package replay
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/gpumem/tlsf/internal/trace"
+)
+
+// Allocator is what a replay drives: allocate size bytes on a stream, and
+// free a pointer on a stream. Stream values are the trace's.
+type Allocator interface {
+	Alloc(size, stream uint64) (uintptr, error)
+	Free(ptr uintptr, stream uint64) error
+}
+
+// Result is the outcome of one replay.
+type Result struct {
+	Ops      int           // operations performed (failed allocations and their frees excluded)
+	Failed   int           // allocations that returned an error
+	FirstErr error         // the first allocation error
+	PeakLive uint64        // peak of the bytes of live blocks, as the trace sizes them
+	Elapsed  time.Duration // wall time of the replay loop
+}
+
+// NsPerOp is the wall time per operation in nanoseconds.
+func (r Result) NsPerOp() float64 {
+	if r.Ops == 0 {
+		return 0
+	}
+	return float64(r.Elapsed.Nanoseconds()) / float64(r.Ops)
+}
+
+// Run replays t through a. A free that fails is an error (the trace or the
+// allocator is broken); allocation failures are counted.
+func Run(t *trace.Trace, a Allocator) (Result, error) {
+	live := make(map[uint64]uintptr, 1024)
+	var res Result
+	var cur uint64
+	start := time.Now()
+	for i, op := range t.Ops {
+		if !op.Free {
+			ptr, err := a.Alloc(op.Size, op.Stream)
+			if err != nil {
+				if res.Failed == 0 {
+					res.FirstErr = err
+				}
+				res.Failed++
+				continue
+			}
+			live[op.ID] = ptr
+			cur += op.Size
+			res.PeakLive = max(res.PeakLive, cur)
+			res.Ops++
+			continue
+		}
+		ptr, ok := live[op.ID]
+		if !ok {
+			continue // its allocation failed
+		}
+		delete(live, op.ID)
+		if err := a.Free(ptr, op.Stream); err != nil {
+			return res, fmt.Errorf("replay %s: op %d: free of block %d: %w", t.Name, i, op.ID, err)
+		}
+		cur -= op.Size
+		res.Ops++
+	}
+	res.Elapsed = time.Since(start)
+	return res, nil
+}
+
+// MinCap finds by bisection the smallest cap in bytes, a multiple of
+// step, for which replay(cap) reports no failed allocation, searching
+// from [lo, hi]; while replay(hi) fails, hi is raised by half (at most 8
+// times). It returns the cap and the number of replays it ran. Bisection
+// assumes that a replay that succeeds under a cap succeeds under any
+// larger one, which holds closely but not exactly for a real allocator:
+// the result is the boundary bisection finds.
+func MinCap(lo, hi, step uint64, replay func(cap uint64) (ok bool, err error)) (uint64, int, error) {
+	lo, hi = lo/step*step, (hi+step-1)/step*step
+	runs := 0
+	for {
+		ok, err := replay(hi)
+		runs++
+		if err != nil {
+			return 0, runs, err
+		}
+		if ok {
+			break
+		}
+		if runs > 8 {
+			return 0, runs, fmt.Errorf("replay: fails even under a cap of %d bytes", hi)
+		}
+		lo, hi = hi, (hi+hi/2+step-1)/step*step
+	}
+	for hi-lo > step {
+		mid := lo + (hi-lo)/2/step*step
+		ok, err := replay(mid)
+		runs++
+		if err != nil {
+			return 0, runs, err
+		}
+		if ok {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi, runs, nil
+}

@@ -1,0 +1,437 @@
+package pool
+
+import (
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	_ "unsafe" // go:linkname
+
+	"github.com/gpumem/tlsf/internal/addrmap"
+	"github.com/gpumem/tlsf/tlsf"
+)
+
+// Per-P small-block caches: the fast path.
+//
+// The shape is the Go runtime's mcache → mcentral → mheap: each P (the
+// runtime's processor, at most GOMAXPROCS of them) owns a cache of small
+// blocks, stacked by size class, and serves Alloc and Free of small
+// blocks on the default stream from it without taking the pool's lock. An
+// empty stack is refilled with a batch of blocks from the TLSF index under
+// the lock; a cache holding more than its share of bytes gives the oldest
+// half back. Blocks in caches stay allocated in the index (the index never
+// sees the churn), keep their size-class size, and were all freed on the
+// default stream, so reusing them on it is stream-ordered.
+//
+// A goroutine finds its P's cache with runtime.procPin, which also keeps
+// it on that P (no preemption) until procUnpin: the same mechanism
+// sync.Pool uses. procPin is not exported; it is reached with go:linkname,
+// which the Go runtime tolerates for it because widely used packages do
+// the same (see the comment on runtime.procPin). The risk: a Go release
+// that withdraws it breaks the build of this package; nothing fails
+// silently.
+//
+// Each cache also has a spin lock (one CAS to take, one store to give
+// back). Its owner takes it for a few nanoseconds per call, never while
+// waiting for anything; it exists so that the pool, holding its own lock,
+// can reach into every cache: to drain them on the out-of-memory path,
+// Trim and Close, and to find a block freed by a goroutine on another P
+// (the free misses its own cache's table of blocks it handed out, takes
+// the pool's lock, and looks in the others). The lock order is pool lock,
+// then cache lock; an owner never takes the pool's lock while holding its
+// cache's.
+//
+// Statistics: each cache counts its blocks in use and in stacks under its
+// lock, and Stats sums them. The pool's own counters see the caches as one
+// client holding every block they got (sys); so the peaks of Allocated
+// and Active count blocks in caches as in use: exact with caches off, an
+// upper bound by at most the caches' capacity with them on.
+
+//go:linkname procPin runtime.procPin
+func procPin() int
+
+//go:linkname procUnpin runtime.procUnpin
+func procUnpin()
+
+// refillBytes: a refill brings about 128 KiB of blocks of one class, at
+// most maxRefill blocks and at least one: enough that a burst of small
+// allocations takes the pool's lock once per 32 of them.
+const (
+	refillBytes = 128 << 10
+	maxRefill   = 32
+	// minShare is the least each P may cache (bytes), so that a pool that
+	// holds little memory still caches a few blocks.
+	minShare = 1 << 20
+)
+
+// pcache is one P's cache. Fields below lock are guarded by it.
+type pcache struct {
+	lock atomic.Uint32
+
+	stacks      [][]uint64  // by size class: addresses of free blocks, oldest first
+	live        addrmap.Map // address → block size, of blocks this cache handed out
+	stackBytes  uint64
+	stackBlocks int64
+	liveBytes   uint64
+	liveBlocks  int64
+	allocs      uint64
+	frees       uint64
+
+	_ [64]byte // keep neighbouring caches off this one's cache lines
+}
+
+func (pc *pcache) tryLock() bool { return pc.lock.CompareAndSwap(0, 1) }
+func (pc *pcache) unlock()       { pc.lock.Store(0) }
+
+// lockWait takes the lock, spinning: the owner holds it for nanoseconds.
+func (pc *pcache) lockWait() {
+	for !pc.tryLock() {
+		runtime.Gosched()
+	}
+}
+
+type cacheSet struct {
+	p        *Pool
+	x        *tlsf.Index // for SizeClass only, which is safe concurrently
+	maxSize  uint64      // largest request served, bytes
+	fraction float64
+	ps       []pcache
+	share    atomic.Uint64 // bytes a P's stacks may hold
+
+	// Under the pool's lock: bytes and blocks the caches got from the index.
+	sysBytes  uint64
+	sysBlocks int64
+}
+
+func newCacheSet(p *Pool, o CacheOptions) *cacheSet {
+	c := &cacheSet{p: p, x: p.x, maxSize: min(o.MaxSize, tlsf.MaxSize), fraction: o.MaxFraction}
+	maxClass, _ := c.x.SizeClass(c.maxSize)
+	c.ps = make([]pcache, runtime.GOMAXPROCS(0))
+	for i := range c.ps {
+		c.ps[i].stacks = make([][]uint64, maxClass+1)
+		c.ps[i].live.Init(8)
+	}
+	c.share.Store(minShare)
+	return c
+}
+
+// serves reports whether a request of size bytes on stream s is a cache's.
+func (c *cacheSet) serves(size uint64, s uintptr) bool {
+	return s == 0 && size-1 < c.maxSize
+}
+
+// alloc pops a block of size's class from the current P's cache.
+func (c *cacheSet) alloc(size uint64) (uintptr, bool) {
+	class, r := c.x.SizeClass(size)
+	pid := procPin()
+	if pid >= len(c.ps) {
+		procUnpin()
+		return 0, false
+	}
+	pc := &c.ps[pid]
+	if !pc.tryLock() {
+		procUnpin()
+		return 0, false
+	}
+	st := pc.stacks[class]
+	n := len(st)
+	if n == 0 {
+		pc.unlock()
+		procUnpin()
+		return 0, false
+	}
+	addr := st[n-1]
+	pc.stacks[class] = st[:n-1]
+	pc.live.Put(addr, r)
+	pc.stackBytes -= r
+	pc.stackBlocks--
+	pc.liveBytes += r
+	pc.liveBlocks++
+	pc.allocs++
+	pc.unlock()
+	procUnpin()
+	return uintptr(addr), true
+}
+
+// free pushes ptr on the current P's cache if that cache handed it out.
+// It reports false when it did not (the caller takes the locked path).
+func (c *cacheSet) free(ptr uintptr) bool {
+	pid := procPin()
+	if pid >= len(c.ps) {
+		procUnpin()
+		return false
+	}
+	pc := &c.ps[pid]
+	if !pc.tryLock() {
+		procUnpin()
+		return false
+	}
+	r, ok := pc.live.Take(uint64(ptr))
+	if !ok {
+		pc.unlock()
+		procUnpin()
+		return false
+	}
+	class, _ := c.x.SizeClass(r)
+	pc.stacks[class] = append(pc.stacks[class], uint64(ptr))
+	pc.liveBytes -= r
+	pc.liveBlocks--
+	pc.stackBytes += r
+	pc.stackBlocks++
+	pc.frees++
+	over := pc.stackBytes > c.share.Load()
+	pc.unlock()
+	procUnpin()
+	if over {
+		c.p.mu.Lock()
+		c.shed()
+		c.p.mu.Unlock()
+	}
+	return true
+}
+
+// refillLocked serves a request of size bytes that the current P's cache
+// could not: it allocates a batch of blocks of its class from the index
+// (growing the heap if needed, for the first one only), hands out the
+// first and stacks the rest on the current P's cache. Pool lock held.
+func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
+	p := c.p
+	if p.closed {
+		return 0, ErrClosed
+	}
+	if size == 0 {
+		return 0, ErrInvalidSize
+	}
+	_, r := c.x.SizeClass(size)
+	b, reused, err := p.allocBlock(size, 0, 0)
+	if err != nil {
+		return 0, err
+	}
+	if reused { // it was pending on the default stream
+		p.c.pending -= b.Size
+		p.c.pendingBlocks--
+		p.c.active -= b.Size
+	}
+	batch := []tlsf.Block{b}
+	want := min(max(refillBytes/r, 1), maxRefill)
+	for len(batch) < int(want) && c.stackRoom(r) {
+		nb, err := p.search(size, 0) // existing space only: no growth
+		if err != nil {
+			break
+		}
+		batch = append(batch, nb)
+	}
+	for _, nb := range batch {
+		p.setMeta(nb, stateCached)
+		c.sysBytes += nb.Size
+		c.sysBlocks++
+	}
+	p.notePeaks()
+	c.updateShare()
+
+	pid := procPin()
+	if pid >= len(c.ps) { // GOMAXPROCS grew: serve without a cache
+		procUnpin()
+		for _, nb := range batch[1:] {
+			c.giveBack(nb.Addr)
+		}
+		c.sysBytes -= b.Size
+		c.sysBlocks--
+		p.noteAlloc(b, false)
+		return uintptr(b.Addr), nil
+	}
+	pc := &c.ps[pid]
+	pc.lockWait()
+	class, _ := c.x.SizeClass(r)
+	for _, nb := range batch[1:] {
+		pc.stacks[class] = append(pc.stacks[class], nb.Addr)
+		pc.stackBytes += nb.Size
+		pc.stackBlocks++
+	}
+	pc.live.Put(b.Addr, b.Size)
+	pc.liveBytes += b.Size
+	pc.liveBlocks++
+	pc.allocs++
+	pc.unlock()
+	procUnpin()
+	return uintptr(b.Addr), nil
+}
+
+// stackRoom reports whether the current share leaves room for one more
+// block of r bytes in a refill (a refill never overfills a cache).
+func (c *cacheSet) stackRoom(r uint64) bool { return 2*r <= c.share.Load() }
+
+// updateShare recomputes each P's share of the cache budget. Pool lock
+// held.
+func (c *cacheSet) updateShare() {
+	budget := uint64(c.fraction * float64(c.p.reserved()))
+	c.share.Store(max(budget/uint64(len(c.ps)), minShare))
+}
+
+// shed gives the oldest blocks of the current P's cache back to the index
+// until it holds half its share. Pool lock held.
+func (c *cacheSet) shed() {
+	c.updateShare()
+	pid := procPin()
+	if pid >= len(c.ps) {
+		procUnpin()
+		return
+	}
+	pc := &c.ps[pid]
+	pc.lockWait()
+	target := c.share.Load() / 2
+	var out []uint64
+	for class := len(pc.stacks) - 1; class >= 0 && pc.stackBytes > target; class-- {
+		st := pc.stacks[class]
+		k := 0
+		for k < len(st) && pc.stackBytes > target {
+			r := c.blockSize(st[k])
+			pc.stackBytes -= r
+			pc.stackBlocks--
+			out = append(out, st[k])
+			k++
+		}
+		pc.stacks[class] = append(st[:0], st[k:]...)
+	}
+	pc.unlock()
+	procUnpin()
+	for _, a := range out {
+		c.giveBack(a)
+	}
+}
+
+// blockSize is the size of an allocated block of the index. Pool lock
+// held.
+func (c *cacheSet) blockSize(addr uint64) uint64 {
+	b, _ := c.p.x.Lookup(addr)
+	return b.Size
+}
+
+// giveBack returns a block that left a cache's stack to the index (or, in
+// multi-stream mode, to the default stream's pending set). Pool lock held.
+func (c *cacheSet) giveBack(addr uint64) {
+	p := c.p
+	b, err := p.x.Lookup(addr)
+	if err != nil {
+		return // not reached: cached blocks are allocated in the index
+	}
+	c.sysBytes -= b.Size
+	c.sysBlocks--
+	p.meta[b.ID].state = 0
+	p.releaseFreed(b, 0)
+}
+
+// drainLocked empties every cache's stacks into the index: the
+// out-of-memory path, Trim and Close. Pool lock held.
+func (c *cacheSet) drainLocked() {
+	var out []uint64
+	for i := range c.ps {
+		pc := &c.ps[i]
+		pc.lockWait()
+		for class, st := range pc.stacks {
+			out = append(out, st...)
+			pc.stacks[class] = st[:0]
+		}
+		pc.stackBytes, pc.stackBlocks = 0, 0
+		pc.unlock()
+	}
+	for _, a := range out {
+		c.giveBack(a)
+	}
+}
+
+// takeLive removes a block that some cache handed out from that cache's
+// table and reports whether one had it: the locked path of a free from
+// another P, or one that met a busy cache. Pool lock held.
+func (c *cacheSet) takeLive(addr uint64) bool {
+	for i := range c.ps {
+		pc := &c.ps[i]
+		pc.lockWait()
+		r, ok := pc.live.Take(addr)
+		if ok {
+			pc.liveBytes -= r
+			pc.liveBlocks--
+		}
+		pc.unlock()
+		if ok {
+			c.sysBytes -= r
+			c.sysBlocks--
+			return true
+		}
+	}
+	return false
+}
+
+// forgetLive empties every cache's table of blocks handed out (Close:
+// later frees then take the locked path and see ErrClosed). Pool lock
+// held.
+func (c *cacheSet) forgetLive() {
+	for i := range c.ps {
+		pc := &c.ps[i]
+		pc.lockWait()
+		pc.live.Init(8)
+		pc.liveBytes, pc.liveBlocks = 0, 0
+		pc.unlock()
+	}
+}
+
+// addStats adds the caches' figures to a snapshot. Pool lock held.
+func (c *cacheSet) addStats(ctr *counters, s *Stats) {
+	for i := range c.ps {
+		pc := &c.ps[i]
+		pc.lockWait()
+		s.Cached += pc.stackBytes
+		s.CachedBlocks += pc.stackBlocks
+		ctr.allocated += pc.liveBytes
+		ctr.active += pc.liveBytes
+		ctr.allocations += pc.liveBlocks
+		ctr.allocs += pc.allocs
+		ctr.frees += pc.frees
+		pc.unlock()
+	}
+}
+
+// check verifies that every block of a cache is cached in the index's
+// view, and that the caches hold what the pool gave them. Pool lock held.
+func (c *cacheSet) check() error {
+	var bytes uint64
+	var blocks int64
+	var bad error
+	seen := map[uint64]bool{}
+	visit := func(addr, size uint64) {
+		b, err := c.p.x.Lookup(addr)
+		switch {
+		case err != nil:
+			bad = fmt.Errorf("pool: cached block %#x: %w", addr, err)
+		case b.Size != size:
+			bad = fmt.Errorf("pool: cached block %#x has %d bytes, the cache says %d", addr, b.Size, size)
+		case c.p.meta[b.ID].state != stateCached:
+			bad = fmt.Errorf("pool: cached block %#x in state %d", addr, c.p.meta[b.ID].state)
+		case seen[addr]:
+			bad = fmt.Errorf("pool: block %#x held twice by caches", addr)
+		}
+		seen[addr] = true
+		bytes += size
+		blocks++
+	}
+	for i := range c.ps {
+		pc := &c.ps[i]
+		pc.lockWait()
+		var sb, lb uint64
+		for _, st := range pc.stacks {
+			for _, a := range st {
+				r := c.blockSize(a)
+				sb += r
+				visit(a, r)
+			}
+		}
+		pc.live.All(func(a, r uint64) bool { lb += r; visit(a, r); return true })
+		if sb != pc.stackBytes || lb != pc.liveBytes {
+			bad = fmt.Errorf("pool: cache %d holds %d/%d bytes (stacks/handed out), counts %d/%d", i, sb, lb, pc.stackBytes, pc.liveBytes)
+		}
+		pc.unlock()
+	}
+	if bad == nil && (bytes != c.sysBytes || blocks != c.sysBlocks) {
+		bad = fmt.Errorf("pool: caches hold %d bytes in %d blocks, the pool gave them %d in %d", bytes, blocks, c.sysBytes, c.sysBlocks)
+	}
+	return bad
+}

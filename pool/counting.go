@@ -1,0 +1,113 @@
+package pool
+
+import (
+	"sync/atomic"
+
+	"github.com/gpumem/tlsf/device"
+)
+
+// counted wraps the pool's Device and counts every call the pool makes,
+// by kind, for Stats.DeviceCalls. The counters are atomic because a few
+// calls (event queries of caches' blocks) happen outside the pool's lock.
+type counted struct {
+	device.Device
+	n [device.NumCalls]atomic.Uint64
+}
+
+func (c *counted) counts() device.Counts {
+	var out device.Counts
+	for i := range c.n {
+		out[i] = c.n[i].Load()
+	}
+	return out
+}
+
+func (c *counted) MemGetInfo() (uint64, uint64, error) {
+	c.n[device.CallMemGetInfo].Add(1)
+	return c.Device.MemGetInfo()
+}
+
+func (c *counted) MemAlloc(size uint64) (uintptr, error) {
+	c.n[device.CallMemAlloc].Add(1)
+	return c.Device.MemAlloc(size)
+}
+
+func (c *counted) MemFree(ptr uintptr) error {
+	c.n[device.CallMemFree].Add(1)
+	return c.Device.MemFree(ptr)
+}
+
+func (c *counted) MemAllocPitch(w, h uint64, elem uint32) (uintptr, uint64, error) {
+	c.n[device.CallMemAllocPitch].Add(1)
+	return c.Device.MemAllocPitch(w, h, elem)
+}
+
+func (c *counted) AddressReserve(size, align uint64) (uintptr, error) {
+	c.n[device.CallAddressReserve].Add(1)
+	return c.Device.AddressReserve(size, align)
+}
+
+func (c *counted) AddressFree(ptr uintptr, size uint64) error {
+	c.n[device.CallAddressFree].Add(1)
+	return c.Device.AddressFree(ptr, size)
+}
+
+func (c *counted) MemCreate(size uint64) (device.MemHandle, error) {
+	c.n[device.CallMemCreate].Add(1)
+	return c.Device.MemCreate(size)
+}
+
+func (c *counted) MemRelease(h device.MemHandle) error {
+	c.n[device.CallMemRelease].Add(1)
+	return c.Device.MemRelease(h)
+}
+
+func (c *counted) MemMap(ptr uintptr, size uint64, h device.MemHandle) error {
+	c.n[device.CallMemMap].Add(1)
+	return c.Device.MemMap(ptr, size, h)
+}
+
+func (c *counted) MemUnmap(ptr uintptr, size uint64) error {
+	c.n[device.CallMemUnmap].Add(1)
+	return c.Device.MemUnmap(ptr, size)
+}
+
+func (c *counted) MemSetAccess(ptr uintptr, size uint64) error {
+	c.n[device.CallMemSetAccess].Add(1)
+	return c.Device.MemSetAccess(ptr, size)
+}
+
+func (c *counted) StreamSynchronize(s device.Stream) error {
+	c.n[device.CallStreamSynchronize].Add(1)
+	return c.Device.StreamSynchronize(s)
+}
+
+func (c *counted) StreamWaitEvent(s device.Stream, e device.Event) error {
+	c.n[device.CallStreamWaitEvent].Add(1)
+	return c.Device.StreamWaitEvent(s, e)
+}
+
+func (c *counted) EventCreate() (device.Event, error) {
+	c.n[device.CallEventCreate].Add(1)
+	return c.Device.EventCreate()
+}
+
+func (c *counted) EventDestroy(e device.Event) error {
+	c.n[device.CallEventDestroy].Add(1)
+	return c.Device.EventDestroy(e)
+}
+
+func (c *counted) EventRecord(e device.Event, s device.Stream) error {
+	c.n[device.CallEventRecord].Add(1)
+	return c.Device.EventRecord(e, s)
+}
+
+func (c *counted) EventQuery(e device.Event) (bool, error) {
+	c.n[device.CallEventQuery].Add(1)
+	return c.Device.EventQuery(e)
+}
+
+func (c *counted) EventSynchronize(e device.Event) error {
+	c.n[device.CallEventSynchronize].Add(1)
+	return c.Device.EventSynchronize(e)
+}

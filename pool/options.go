@@ -1,0 +1,180 @@
+package pool
+
+import (
+	"fmt"
+	"math"
+	"os"
+
+	"github.com/gpumem/tlsf/tlsf"
+)
+
+// Backend selects where a pool's memory comes from.
+type Backend int
+
+const (
+	// BackendAuto is BackendVMM where the device supports virtual memory
+	// management, else BackendChunks.
+	BackendAuto Backend = iota
+	// BackendVMM reserves one virtual address range and maps physical
+	// memory into it on demand, one granule (2 MiB on an H200) at a time
+	// (cuMemAddressReserve, cuMemCreate, cuMemMap, cuMemSetAccess); the
+	// index sees one range that grows, and physical pages lying wholly
+	// under free blocks can be returned (cuMemUnmap, cuMemRelease).
+	BackendVMM
+	// BackendChunks takes memory in chunks from cuMemAlloc, each chunk an
+	// index region, and returns chunks that become wholly free.
+	BackendChunks
+	// BackendPassthrough sends every request to the driver: Alloc calls
+	// cuMemAlloc, AllocPitch cuMemAllocPitch, Free cuMemFree, so tools such
+	// as compute-sanitizer see each allocation. Same API and statistics.
+	BackendPassthrough
+)
+
+var backendNames = [...]string{"auto", "vmm", "chunks", "passthrough"}
+
+func (b Backend) String() string {
+	if b >= 0 && int(b) < len(backendNames) {
+		return backendNames[b]
+	}
+	return fmt.Sprintf("Backend(%d)", int(b))
+}
+
+// PassthroughEnv is the environment variable that, set to 1, makes every
+// pool a passthrough pool whatever its Options say.
+const PassthroughEnv = "TLSF_PASSTHROUGH"
+
+// Options configure a Pool. The zero value is a good default for one
+// process on one GPU.
+//
+// The policy knobs are fractions of the device's memory as cuMemGetInfo
+// reports it at the moment of each decision, so a pool adapts as other
+// processes come and go:
+//
+//   - free: the device's free memory, which excludes what this pool holds;
+//   - available: free plus what this pool has reserved, i.e. the most this
+//     pool could hold if it took everything left.
+//
+// A fraction of zero takes the default or disables its knob, as each field
+// says; negative, NaN or infinite fractions and fractions above 1 are
+// rejected with ErrBadOptions.
+type Options struct {
+	// Backend selects the memory source (default BackendAuto).
+	Backend Backend
+	// Passthrough is BackendPassthrough, whatever Backend says. The
+	// environment variable TLSF_PASSTHROUGH=1 sets it too.
+	Passthrough bool
+
+	// InitialFraction of free memory is reserved when the pool is made
+	// (default 0: nothing until the first allocation).
+	InitialFraction float64
+	// GrowFraction: each growth takes max(request, GrowFraction × free),
+	// rounded up to the allocation granularity, within the cap. Default
+	// 1/4096: about 34 MiB on an empty H200, small enough that reserved
+	// memory tracks live memory within a few percent, large enough that a
+	// growth (several driver calls per granule) is rare.
+	GrowFraction float64
+	// MaxFraction caps reserved memory at MaxFraction × available
+	// (default 1: no cap beyond the device).
+	MaxFraction float64
+	// MaxBytes caps reserved memory in bytes (default 0: no cap). With
+	// MaxFraction, the smaller cap applies. The cap is checked after the
+	// pool has released what it caches, not before.
+	MaxBytes uint64
+	// ReleaseFraction bounds unused reserved memory (reserved minus the
+	// blocks in use) at the moments the pool maps more: when it would
+	// exceed ReleaseFraction × reserved, the pool first unmaps as much as
+	// it is about to map, from under its largest free blocks, so reserved
+	// memory stays within 1/(1−ReleaseFraction) of the memory in use.
+	// Default 0.005. Unused memory is otherwise kept mapped for reuse and
+	// returned under pressure (FreeFloorFraction, out of memory) or by Trim.
+	ReleaseFraction float64
+	// FreeFloorFraction: when the device's free memory falls below
+	// FreeFloorFraction × total (another process needs memory), the pool
+	// returns unused memory. Checked at most every ReleaseCheckInterval
+	// frees that take the pool's lock. Default 0: off.
+	FreeFloorFraction float64
+
+	// VirtualSize is the size in bytes of a VMM pool's virtual address
+	// range (default: the device's total memory, rounded up to the
+	// granularity). No single VMM pool holds more.
+	VirtualSize uint64
+	// SLLog2 is log2 of the index's second-level lists per power of two,
+	// 1 to tlsf.MaxSLLog2 (default 6: 64 lists, so good-fit rounding wastes
+	// under 1.6% of a block; measured on the shared traces in bench/).
+	SLLog2 uint
+
+	// Cache configures the per-P small-block caches (see Cache).
+	Cache CacheOptions
+}
+
+// CacheOptions configure the per-P caches that serve small blocks without
+// taking the pool's lock.
+type CacheOptions struct {
+	// Disable turns the caches off: every request takes the lock.
+	Disable bool
+	// MaxSize is the largest request in bytes served from caches
+	// (default 1 MiB).
+	MaxSize uint64
+	// MaxFraction bounds the bytes all caches hold together to
+	// MaxFraction × reserved (default 1/16).
+	MaxFraction float64
+}
+
+// Defaults.
+const (
+	defaultGrowFraction    = 1.0 / 4096
+	defaultReleaseFraction = 0.005
+	defaultSLLog2          = 6
+	// ReleaseCheckInterval: frees under the lock between two checks of the
+	// device's free memory (one cuMemGetInfo, about 1 µs).
+	ReleaseCheckInterval = 4096
+	defaultCacheMaxSize  = 1 << 20
+	defaultCacheFraction = 1.0 / 16
+)
+
+// withDefaults validates o and fills in defaults.
+func (o Options) withDefaults() (Options, error) {
+	fracs := []struct {
+		name string
+		v    *float64
+		def  float64
+	}{
+		{"InitialFraction", &o.InitialFraction, 0},
+		{"GrowFraction", &o.GrowFraction, defaultGrowFraction},
+		{"MaxFraction", &o.MaxFraction, 1},
+		{"ReleaseFraction", &o.ReleaseFraction, defaultReleaseFraction},
+		{"FreeFloorFraction", &o.FreeFloorFraction, 0},
+		{"Cache.MaxFraction", &o.Cache.MaxFraction, defaultCacheFraction},
+	}
+	for _, f := range fracs {
+		v := *f.v
+		if math.IsNaN(v) || v < 0 || v > 1 {
+			return o, fmt.Errorf("%w: %s = %v, want a fraction in [0, 1]", ErrBadOptions, f.name, v)
+		}
+		if v == 0 {
+			*f.v = f.def
+		}
+	}
+	if o.InitialFraction > o.MaxFraction {
+		return o, fmt.Errorf("%w: InitialFraction %v above MaxFraction %v", ErrBadOptions, o.InitialFraction, o.MaxFraction)
+	}
+	if o.Backend < BackendAuto || o.Backend > BackendPassthrough {
+		return o, fmt.Errorf("%w: unknown backend %d", ErrBadOptions, int(o.Backend))
+	}
+	if o.Passthrough || os.Getenv(PassthroughEnv) == "1" {
+		o.Backend = BackendPassthrough
+	}
+	if o.SLLog2 == 0 {
+		o.SLLog2 = defaultSLLog2
+	}
+	if o.SLLog2 > tlsf.MaxSLLog2 {
+		return o, fmt.Errorf("%w: SLLog2 %d above %d", ErrBadOptions, o.SLLog2, tlsf.MaxSLLog2)
+	}
+	if o.VirtualSize > tlsf.MaxSize {
+		return o, fmt.Errorf("%w: VirtualSize %d above %d", ErrBadOptions, o.VirtualSize, uint64(tlsf.MaxSize))
+	}
+	if o.Cache.MaxSize == 0 {
+		o.Cache.MaxSize = defaultCacheMaxSize
+	}
+	return o, nil
+}

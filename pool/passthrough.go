@@ -1,0 +1,135 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+)
+
+// passthrough sends every request to the driver, keeping only what
+// statistics and error checks need: the live allocations and a bounded
+// memory of recent frees (to tell a double free from a foreign pointer).
+type passthrough struct {
+	live     map[uintptr]uint64 // pointer → driver bytes (pitch × height for pitch)
+	freed    map[uintptr]struct{}
+	reserved uint64
+}
+
+// maxFreedMemory bounds the freed-pointer memory; past it, a double free
+// of an old pointer is reported as ErrUnknownPointer.
+const maxFreedMemory = 1 << 16
+
+func newPassthrough() *passthrough {
+	return &passthrough{live: map[uintptr]uint64{}, freed: map[uintptr]struct{}{}}
+}
+
+// admit checks the cap for bytes more of reserved memory.
+func (t *passthrough) admit(p *Pool, size uint64) error {
+	capped, limit, err := p.cap()
+	if err != nil {
+		return err
+	}
+	if capped && t.reserved+size > limit {
+		p.c.ooms++
+		return p.oomError(size, nil)
+	}
+	return nil
+}
+
+func (t *passthrough) alloc(p *Pool, size uint64) (uintptr, error) {
+	if err := t.admit(p, size); err != nil {
+		return 0, err
+	}
+	ptr, err := p.dev.MemAlloc(size)
+	if err != nil {
+		return 0, t.driverError(p, size, err)
+	}
+	t.noteAlloc(p, ptr, size)
+	return ptr, nil
+}
+
+func (t *passthrough) allocPitch(p *Pool, width, height uint64) (uintptr, uint64, error) {
+	ptr, pitch, err := p.dev.MemAllocPitch(width, height, 4)
+	if err != nil {
+		return 0, 0, t.driverError(p, width*height, err)
+	}
+	size := pitch * height
+	if err := t.admit(p, size); err != nil {
+		_ = p.dev.MemFree(ptr)
+		return 0, 0, err
+	}
+	t.noteAlloc(p, ptr, size)
+	return ptr, pitch, nil
+}
+
+func (t *passthrough) driverError(p *Pool, size uint64, err error) error {
+	if isOOM(err) {
+		p.c.ooms++
+		return p.oomError(size, err)
+	}
+	return fmt.Errorf("pool: passthrough allocation of %d bytes: %w", size, err)
+}
+
+func (t *passthrough) noteAlloc(p *Pool, ptr uintptr, size uint64) {
+	t.live[ptr] = size
+	delete(t.freed, ptr)
+	t.reserved += size
+	c := &p.c
+	c.allocs++
+	r := t.rounded(p, size)
+	c.allocated += r
+	c.active += r
+	c.allocations++
+	p.notePeaks()
+	p.noteReserved()
+}
+
+// rounded is the block size a pooled backend would give size bytes.
+func (t *passthrough) rounded(p *Pool, size uint64) uint64 {
+	_, r := p.x.SizeClass(size)
+	return r
+}
+
+func (t *passthrough) free(p *Pool, ptr uintptr) error {
+	size, ok := t.live[ptr]
+	if !ok {
+		if _, was := t.freed[ptr]; was {
+			return fmt.Errorf("%w: %#x", ErrDoubleFree, ptr)
+		}
+		for a, n := range t.live {
+			if ptr > a && uint64(ptr-a) < n {
+				return fmt.Errorf("%w: %#x is inside the allocation at %#x", ErrUnknownPointer, ptr, a)
+			}
+		}
+		return fmt.Errorf("%w: %#x", ErrUnknownPointer, ptr)
+	}
+	if err := p.dev.MemFree(ptr); err != nil {
+		return fmt.Errorf("pool: passthrough free of %#x: %w", ptr, err)
+	}
+	delete(t.live, ptr)
+	if len(t.freed) >= maxFreedMemory {
+		clear(t.freed)
+	}
+	t.freed[ptr] = struct{}{}
+	t.reserved -= size
+	c := &p.c
+	c.frees++
+	r := t.rounded(p, size)
+	c.allocated -= r
+	c.active -= r
+	c.allocations--
+	return nil
+}
+
+func (t *passthrough) close(p *Pool) error {
+	var errs []error
+	for _, ptr := range slices.Sorted(maps.Keys(t.live)) {
+		if err := p.dev.MemFree(ptr); err != nil {
+			errs = append(errs, err)
+		}
+		t.reserved -= t.live[ptr]
+		delete(t.live, ptr)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,731 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/tlsf"
+)
+
+// indexGranularity is the index's minimum block and alignment: 256 bytes,
+// what cudaMalloc guarantees.
+const indexGranularity = 256
+
+// Block states, by tlsf block ID.
+const (
+	stateLive    uint8 = iota + 1 // handed to the caller
+	statePending                  // freed on a stream, awaiting its event
+	stateCached                   // held by a per-P cache
+)
+
+type allocMeta struct {
+	state uint8
+}
+
+// Pool is a device-memory allocator for one device: a TLSF index over
+// memory taken from the driver in large pieces (see Backend), with
+// per-P caches for small blocks. All methods are safe for concurrent use.
+type Pool struct {
+	mu      sync.Mutex
+	dev     *counted
+	opts    Options
+	backend Backend
+	owned   bool // Close closes the device too
+
+	x    *tlsf.Index
+	heap heap
+	pt   *passthrough
+	meta []allocMeta // by block ID
+	ss   *streamSet
+
+	total      uint64 // device memory in bytes, at New
+	pitchAlign uint64 // cuMemAllocPitch's pitch unit, probed on first use
+	c          counters
+	closed     bool
+	lockedFree int // frees under the lock since the last policy check
+
+	cache *cacheSet // nil when caches are off
+}
+
+// counters are the pool's statistics kept under its lock.
+type counters struct {
+	allocated, allocatedPeak     uint64
+	allocations, allocationsPeak int64
+	active, activePeak           uint64
+	reservedPeak                 uint64
+	pending                      uint64
+	pendingBlocks                int64
+	allocs, frees                uint64
+	grows, releases              uint64
+	releasedBytes                uint64
+	ooms, retries                uint64
+}
+
+// New makes a pool on dev. It queries the device's memory, reserves the
+// virtual range of a VMM pool (cuMemAddressReserve) and, with
+// InitialFraction, the initial memory.
+//
+// Errors: ErrBadOptions (an option out of range, a nil device, or a
+// MaxBytes cap below the initial reserve), device errors from the calls
+// above.
+func New(dev device.Device, opts Options) (*Pool, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if dev == nil {
+		return nil, fmt.Errorf("%w: nil device", ErrBadOptions)
+	}
+	p := &Pool{dev: &counted{Device: dev}, opts: o, backend: o.Backend}
+	p.ss = newStreamSet(p.dev)
+	free, total, err := p.dev.MemGetInfo()
+	if err != nil {
+		return nil, err
+	}
+	p.total = total
+	if p.backend == BackendAuto {
+		p.backend = BackendChunks
+		if dev.VMMSupported() {
+			p.backend = BackendVMM
+		}
+	}
+	// Passthrough pools use the index only to size blocks as pooled ones
+	// would, so that statistics compare across backends.
+	p.x, err = tlsf.New(tlsf.Config{Granularity: indexGranularity, SLLog2: o.SLLog2})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadOptions, err)
+	}
+	if p.backend == BackendPassthrough {
+		p.pt = newPassthrough()
+		return p, nil
+	}
+	switch p.backend {
+	case BackendVMM:
+		if p.heap, err = newVMMHeap(p.dev, p.x, o.VirtualSize, total); err != nil {
+			return nil, err
+		}
+	case BackendChunks:
+		p.heap = newChunkHeap(p.dev, p.x)
+	}
+	if o.InitialFraction > 0 {
+		g := p.heap.granularity()
+		initial := uint64(o.InitialFraction*float64(free)) / g * g
+		if o.MaxBytes > 0 && initial > o.MaxBytes {
+			_ = p.heap.close()
+			return nil, fmt.Errorf("%w: MaxBytes %d is below the initial reserve of %d bytes", ErrBadOptions, o.MaxBytes, initial)
+		}
+		if initial > 0 {
+			if err := p.heap.grow(initial, initial); err != nil {
+				_ = p.heap.close()
+				return nil, fmt.Errorf("pool: initial reserve of %d bytes: %w", initial, err)
+			}
+			p.c.grows++
+			p.noteReserved()
+		}
+	}
+	if !o.Cache.Disable {
+		p.cache = newCacheSet(p, o.Cache)
+	}
+	return p, nil
+}
+
+// NewCUDA makes a pool on GPU ordinal (0 for the first) through the CUDA
+// driver (device.CUDA); Close also releases the device's context.
+// Errors: those of device.CUDA (device.ErrNoDriver where no driver is
+// found) and of New.
+func NewCUDA(ordinal int, opts Options) (*Pool, error) {
+	dev, err := device.CUDA(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	p, err := New(dev, opts)
+	if err != nil {
+		_ = dev.Close()
+		return nil, err
+	}
+	p.owned = true
+	return p, nil
+}
+
+// Backend returns the backend in use (never BackendAuto).
+func (p *Pool) Backend() Backend { return p.backend }
+
+// Device returns the device the pool allocates from.
+func (p *Pool) Device() device.Device { return p.dev.Device }
+
+// Alloc allocates size bytes for use on the default stream: AllocOn(size, 0).
+func (p *Pool) Alloc(size uint64) (uintptr, error) { return p.AllocOn(size, 0) }
+
+// AllocOn allocates size bytes for use on stream s and returns the device
+// pointer, aligned to 256 bytes. A block freed on s may be reused at once;
+// a block freed on another stream only after the free's event completed.
+// In O(1) except when the pool must grow (driver calls) or its index has
+// nothing free (the out-of-memory path).
+//
+// Errors: ErrInvalidSize (size 0), ErrTooLarge (above tlsf.MaxSize or a
+// VMM pool's virtual range), ErrOutOfMemory, ErrClosed; device errors
+// other than out-of-memory are returned wrapped.
+func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
+	c := p.cache
+	cached := c != nil && c.serves(size, uintptr(s))
+	if cached {
+		if ptr, ok := c.alloc(size); ok {
+			return ptr, nil
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cached {
+		return c.refillLocked(size)
+	}
+	return p.allocLocked(size, 0, s)
+}
+
+// allocLocked allocates size bytes aligned to align (0: the index's
+// granularity) for stream s.
+func (p *Pool) allocLocked(size, align uint64, s device.Stream) (uintptr, error) {
+	if p.closed {
+		return 0, ErrClosed
+	}
+	if size == 0 {
+		return 0, ErrInvalidSize
+	}
+	if size > tlsf.MaxSize {
+		return 0, fmt.Errorf("%w: %d bytes", ErrTooLarge, size)
+	}
+	if p.pt != nil {
+		return p.pt.alloc(p, size)
+	}
+	b, reused, err := p.allocBlock(size, align, s)
+	if err != nil {
+		return 0, err
+	}
+	p.noteAlloc(b, reused)
+	return uintptr(b.Addr), nil
+}
+
+// setMeta records the state of allocated block b.
+func (p *Pool) setMeta(b tlsf.Block, state uint8) {
+	if int(b.ID) >= len(p.meta) {
+		p.meta = append(p.meta, make([]allocMeta, int(p.x.MaxID())-len(p.meta))...)
+	}
+	p.meta[b.ID].state = state
+}
+
+// noteAlloc records block b handed to a caller; reused means it was
+// pending on the stream and so already counted as active.
+func (p *Pool) noteAlloc(b tlsf.Block, reused bool) {
+	p.setMeta(b, stateLive)
+	c := &p.c
+	c.allocs++
+	c.allocated += b.Size
+	c.allocations++
+	if reused {
+		c.pending -= b.Size
+		c.pendingBlocks--
+	} else {
+		c.active += b.Size
+	}
+	p.notePeaks()
+}
+
+// notePeaks updates the peaks, counting blocks the caches hold as in use.
+func (p *Pool) notePeaks() {
+	c := &p.c
+	var sys uint64
+	var sysBlocks int64
+	if p.cache != nil {
+		sys, sysBlocks = p.cache.sysBytes, p.cache.sysBlocks
+	}
+	c.allocatedPeak = max(c.allocatedPeak, c.allocated+sys)
+	c.activePeak = max(c.activePeak, c.active+sys)
+	c.allocationsPeak = max(c.allocationsPeak, c.allocations+sysBlocks)
+}
+
+// allocBlock finds a block for size bytes on stream s: a block pending on
+// s of the same size class, the index, or the slow path.
+func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool, error) {
+	st, err := p.ss.use(s)
+	if err != nil {
+		return tlsf.Block{}, false, fmt.Errorf("pool: registering stream %#x: %w", uintptr(s), err)
+	}
+	if p.ss.multi && align <= indexGranularity {
+		r, _ := p.x.RoundUp(size)
+		if addr, ok := p.ss.reuse(st, r); ok {
+			b, _ := p.x.Lookup(addr)
+			return b, true, nil
+		}
+	}
+	b, err := p.search(size, align)
+	if err == nil {
+		return b, false, nil
+	}
+	b, err = p.slowAlloc(size, align)
+	return b, false, err
+}
+
+// errNoRoom: the heap could not grow within the cap. Internal; the caller
+// sees ErrOutOfMemory.
+var errNoRoom = errors.New("pool: cap reached")
+
+// search allocates from the index and backs the block with device memory
+// (VMM holes), within the cap. On error the index is unchanged.
+func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
+	var b tlsf.Block
+	var err error
+	if align > indexGranularity {
+		b, err = p.x.AllocAligned(size, align)
+	} else {
+		b, err = p.x.Alloc(size)
+	}
+	if err != nil {
+		return b, err
+	}
+	if need := p.heap.unbacked(b); need > 0 {
+		if err := p.makeRoom(need); err != nil {
+			_, _ = p.x.Free(b.Addr)
+			return tlsf.Block{}, err
+		}
+		if capped, limit, cerr := p.cap(); cerr != nil || (capped && p.heap.reserved()+need > limit) {
+			_, _ = p.x.Free(b.Addr)
+			if cerr != nil {
+				return tlsf.Block{}, cerr
+			}
+			return tlsf.Block{}, errNoRoom
+		}
+		if err := p.heap.back(b); err != nil {
+			_, _ = p.x.Free(b.Addr)
+			return tlsf.Block{}, err
+		}
+		p.noteReserved()
+	}
+	return b, nil
+}
+
+// slowAlloc runs when the index has no block: reclaim completed
+// stream-ordered frees, grow, and then the out-of-memory path.
+func (p *Pool) slowAlloc(size, align uint64) (tlsf.Block, error) {
+	if p.ss.multi {
+		_ = p.pollPending(false)
+		if b, err := p.search(size, align); err == nil {
+			return b, nil
+		}
+	}
+	b, err := p.growAndSearch(size, align)
+	if err == nil || !retryable(err) {
+		return b, p.growError(size, err)
+	}
+	// Out of memory: flush the caches, wait for pending frees, return
+	// unused memory, then search again and grow once more. The cap is
+	// checked only now, after what was cached is released.
+	p.c.retries++
+	p.flushCaches()
+	_ = p.pollPending(true)
+	if _, rerr := p.releaseUnused(math.MaxUint64); rerr != nil {
+		return tlsf.Block{}, fmt.Errorf("pool: releasing unused memory: %w", rerr)
+	}
+	if b, err := p.search(size, align); err == nil {
+		return b, nil
+	}
+	b, err = p.growAndSearch(size, align)
+	if err == nil || !retryable(err) {
+		return b, p.growError(size, err)
+	}
+	p.c.ooms++
+	return tlsf.Block{}, p.oomError(size, err)
+}
+
+// retryable errors are those the out-of-memory path may cure.
+func retryable(err error) bool {
+	return isOOM(err) || errors.Is(err, errNoRoom) || errors.Is(err, tlsf.ErrNoSpace)
+}
+
+// growError wraps a growth error that is not out-of-memory.
+func (p *Pool) growError(size uint64, err error) error {
+	if err == nil || errors.Is(err, ErrTooLarge) {
+		return err
+	}
+	return fmt.Errorf("pool: growing for %d bytes: %w", size, err)
+}
+
+func isOOM(err error) bool { return errors.Is(err, device.ErrOutOfMemory) }
+
+// growAndSearch grows the heap by max(need, GrowFraction × free) within
+// the cap and allocates from the index.
+func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
+	r, err := p.x.RoundUp(size)
+	if err != nil {
+		return tlsf.Block{}, err
+	}
+	need := p.heap.need(r, align)
+	if need == 0 {
+		return p.search(size, align)
+	}
+	if err := p.makeRoom(need); err != nil {
+		return tlsf.Block{}, err
+	}
+	need = p.heap.need(r, align) // a release may have cut the free tail
+	free, _, err := p.dev.MemGetInfo()
+	if err != nil {
+		return tlsf.Block{}, err
+	}
+	g := p.heap.granularity()
+	res := p.heap.reserved()
+	want := roundUp(max(need, uint64(p.opts.GrowFraction*float64(free))), g)
+	if capped, limit := p.capFrom(free); capped {
+		if res+need > limit {
+			return tlsf.Block{}, errNoRoom
+		}
+		want = max(need, min(want, (limit-res)/g*g))
+	}
+	if err := p.heap.grow(need, want); err != nil {
+		return tlsf.Block{}, err
+	}
+	p.c.grows++
+	p.noteReserved()
+	return p.search(size, align)
+}
+
+// cap returns whether reserved memory is capped, and the cap in bytes.
+func (p *Pool) cap() (bool, uint64, error) {
+	if p.opts.MaxFraction >= 1 && p.opts.MaxBytes == 0 {
+		return false, 0, nil
+	}
+	free, _, err := p.dev.MemGetInfo()
+	if err != nil {
+		return false, 0, err
+	}
+	capped, limit := p.capFrom(free)
+	return capped, limit, nil
+}
+
+// capFrom computes the cap given the device's free memory: MaxBytes and
+// MaxFraction × (free + reserved), whichever is smaller.
+func (p *Pool) capFrom(free uint64) (bool, uint64) {
+	limit := uint64(math.MaxUint64)
+	capped := false
+	if p.opts.MaxBytes > 0 {
+		limit, capped = p.opts.MaxBytes, true
+	}
+	if p.opts.MaxFraction < 1 {
+		avail := float64(free + p.reserved())
+		limit, capped = min(limit, uint64(p.opts.MaxFraction*avail)), true
+	}
+	return capped, limit
+}
+
+func (p *Pool) reserved() uint64 {
+	if p.pt != nil {
+		return p.pt.reserved
+	}
+	return p.heap.reserved()
+}
+
+func (p *Pool) noteReserved() {
+	p.c.reservedPeak = max(p.c.reservedPeak, p.reserved())
+}
+
+func (p *Pool) oomError(size uint64, cause error) error {
+	free, total, _ := p.dev.MemGetInfo()
+	var largest uint64
+	if p.pt == nil {
+		largest = p.x.LargestFree()
+	}
+	msg := fmt.Sprintf("request of %d bytes; allocated %d, reserved %d bytes; largest free block %d bytes; device free %d of %d bytes",
+		size, p.c.allocated, p.reserved(), largest, free, total)
+	if isOOM(cause) {
+		return fmt.Errorf("%w: %s: %w", ErrOutOfMemory, msg, cause)
+	}
+	return fmt.Errorf("%w: %s", ErrOutOfMemory, msg)
+}
+
+// AllocPitch allocates height rows of at least widthBytes each, for use on
+// the default stream, and returns the pointer and the row pitch in bytes:
+// the pitch cuMemAllocPitch would return (widthBytes rounded up to the
+// driver's pitch unit, 512 bytes on an H200, found by asking the driver
+// once). The pointer is aligned to that unit. Statistics count
+// pitch × height bytes.
+//
+// Errors: ErrInvalidSize (zero width or height), ErrTooLarge (pitch ×
+// height overflows or exceeds tlsf.MaxSize), and those of Alloc.
+func (p *Pool) AllocPitch(widthBytes, height uint64) (uintptr, uint64, error) {
+	if widthBytes == 0 || height == 0 {
+		return 0, 0, fmt.Errorf("%w: pitch allocation of %d × %d bytes", ErrInvalidSize, widthBytes, height)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0, 0, ErrClosed
+	}
+	if widthBytes > tlsf.MaxSize || height > tlsf.MaxSize/widthBytes {
+		return 0, 0, fmt.Errorf("%w: pitch allocation of %d × %d bytes", ErrTooLarge, widthBytes, height)
+	}
+	if p.pt != nil {
+		return p.pt.allocPitch(p, widthBytes, height)
+	}
+	unit, err := p.pitchUnit()
+	if err != nil {
+		return 0, 0, err
+	}
+	pitch := roundUp(widthBytes, unit)
+	if height > tlsf.MaxSize/pitch {
+		return 0, 0, fmt.Errorf("%w: pitch %d × height %d bytes", ErrTooLarge, pitch, height)
+	}
+	ptr, err := p.allocLocked(pitch*height, unit, 0)
+	return ptr, pitch, err
+}
+
+// pitchUnit asks the driver once for the pitch of a one-byte-wide row:
+// the unit cuMemAllocPitch rounds pitches to.
+func (p *Pool) pitchUnit() (uint64, error) {
+	if p.pitchAlign == 0 {
+		ptr, pitch, err := p.dev.MemAllocPitch(1, 1, 4)
+		if err != nil {
+			return 0, fmt.Errorf("pool: probing the pitch alignment: %w", err)
+		}
+		_ = p.dev.MemFree(ptr)
+		if pitch == 0 || pitch&(pitch-1) != 0 {
+			pitch = 512
+		}
+		p.pitchAlign = pitch
+	}
+	return p.pitchAlign, nil
+}
+
+// Free frees ptr as used on the default stream: FreeOn(ptr, 0).
+func (p *Pool) Free(ptr uintptr) error { return p.FreeOn(ptr, 0) }
+
+// FreeOn frees ptr, whose last use is queued on stream s (or done). The
+// block can serve a later request on s at once; other streams and the
+// driver get it only after that use. The default-stream rule: Alloc and
+// Free are AllocOn and FreeOn with stream 0, the legacy default stream,
+// so memory used on other streams must be freed with FreeOn on the stream
+// of its last use, or after synchronizing.
+//
+// Errors: ErrDoubleFree, ErrUnknownPointer (foreign, or inside an
+// allocation), ErrClosed; device errors from recording the free's event.
+func (p *Pool) FreeOn(ptr uintptr, s device.Stream) error {
+	if c := p.cache; c != nil && s == 0 && c.free(ptr) {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.freeLocked(ptr, s)
+}
+
+func (p *Pool) freeLocked(ptr uintptr, s device.Stream) error {
+	if p.closed {
+		return ErrClosed
+	}
+	if p.pt != nil {
+		return p.pt.free(p, ptr)
+	}
+	b, err := p.x.Lookup(uint64(ptr))
+	if err != nil {
+		return translate(err)
+	}
+	switch p.meta[b.ID].state {
+	case stateLive:
+	case stateCached:
+		// Handed out by a cache, freed on another P (or meeting a busy
+		// cache, or on another stream): take it back from that cache and
+		// free it here. In no cache's table: it sits in a stack, freed.
+		if !p.cache.takeLive(b.Addr) {
+			return fmt.Errorf("%w: %#x", ErrDoubleFree, ptr)
+		}
+		p.c.allocated += b.Size
+		p.c.active += b.Size
+		p.c.allocations++
+	default:
+		return fmt.Errorf("%w: %#x", ErrDoubleFree, ptr)
+	}
+	if _, err := p.ss.use(s); err != nil {
+		return fmt.Errorf("pool: registering stream %#x: %w", uintptr(s), err)
+	}
+	p.c.frees++
+	p.c.allocated -= b.Size
+	p.c.allocations--
+	p.c.active -= b.Size
+	p.meta[b.ID].state = 0
+	if err := p.releaseFreed(b, s); err != nil {
+		return err
+	}
+	p.afterLockedFree()
+	return nil
+}
+
+// releaseFreed makes block b, freed on stream s and no longer counted
+// anywhere, reusable: pending on s in multi-stream mode, else straight
+// back to the index (s marked dirty). Pool lock held; s registered.
+func (p *Pool) releaseFreed(b tlsf.Block, s device.Stream) error {
+	st, err := p.ss.use(s)
+	if err != nil {
+		return fmt.Errorf("pool: registering stream %#x: %w", uintptr(s), err)
+	}
+	if p.ss.multi {
+		if err := p.ss.defer_(st, b); err == nil {
+			p.setMeta(b, statePending)
+			p.c.active += b.Size
+			p.c.pending += b.Size
+			p.c.pendingBlocks++
+			if p.ss.frees >= pollInterval {
+				_ = p.pollPending(false)
+			}
+			return nil
+		}
+		// The event could not be recorded: wait for the stream instead.
+		if err := p.dev.StreamSynchronize(s); err != nil {
+			return fmt.Errorf("pool: freeing %#x on stream %#x: %w", b.Addr, uintptr(s), err)
+		}
+	}
+	if _, err := p.x.Free(b.Addr); err != nil {
+		return translate(err) // not reached: b is allocated in the index
+	}
+	st.dirty = true
+	return nil
+}
+
+// translate turns index errors into the pool's sentinels.
+func translate(err error) error {
+	switch {
+	case errors.Is(err, tlsf.ErrDoubleFree):
+		return fmt.Errorf("%w: %w", ErrDoubleFree, err)
+	case errors.Is(err, tlsf.ErrUnknownAddress):
+		return fmt.Errorf("%w: %w", ErrUnknownPointer, err)
+	}
+	return err
+}
+
+// pollPending reclaims blocks whose stream-ordered frees completed.
+func (p *Pool) pollPending(wait bool) error {
+	if !p.ss.multi {
+		return nil
+	}
+	return p.ss.poll(wait, func(addr uint64) {
+		b, err := p.x.Free(addr)
+		if err != nil {
+			return // not reached: pending blocks are allocated in the index
+		}
+		p.meta[b.ID].state = 0
+		p.c.pending -= b.Size
+		p.c.pendingBlocks--
+		p.c.active -= b.Size
+	})
+}
+
+// afterLockedFree applies the release policy every so many frees.
+func (p *Pool) afterLockedFree() {
+	p.lockedFree++
+	if p.lockedFree%(ReleaseCheckInterval/16) != 0 {
+		return
+	}
+	if p.lockedFree%ReleaseCheckInterval == 0 && p.opts.FreeFloorFraction > 0 {
+		if free, total, err := p.dev.MemGetInfo(); err == nil && float64(free) < p.opts.FreeFloorFraction*float64(total) {
+			_, _ = p.releaseUnused(math.MaxUint64)
+		}
+	}
+}
+
+// makeRoom applies ReleaseFraction before the pool maps k more bytes:
+// when unused reserved memory (reserved minus the blocks in use, pending
+// or in caches) would exceed ReleaseFraction of reserved, it first returns
+// up to k bytes of it, those under the largest free blocks. Memory is then
+// recycled rather than added while enough of it is unused, and reserved
+// memory stays within 1/(1−ReleaseFraction) of the memory in use at every
+// growth. Memory is released only when more must be mapped, so a program
+// whose use rises and falls in steps keeps its peak mapped between them.
+func (p *Pool) makeRoom(k uint64) error {
+	f := p.opts.ReleaseFraction
+	if f <= 0 {
+		return nil
+	}
+	used := p.c.active
+	if p.cache != nil {
+		used += p.cache.sysBytes
+	}
+	res := p.reserved()
+	unused := res - min(res, used)
+	limit := uint64(f * float64(res+k))
+	if unused <= limit {
+		return nil
+	}
+	_, err := p.releaseUnused(min(unused-limit, k))
+	return err
+}
+
+// releaseUnused returns about limit bytes of device memory under free
+// blocks (math.MaxUint64: all), after making sure the GPU no longer uses
+// it.
+func (p *Pool) releaseUnused(limit uint64) (uint64, error) {
+	if p.heap == nil {
+		return 0, nil
+	}
+	if err := p.ss.syncDirty(); err != nil {
+		return 0, err
+	}
+	n, err := p.heap.release(limit)
+	if n > 0 {
+		p.c.releases++
+		p.c.releasedBytes += n
+	}
+	return n, err
+}
+
+// Trim returns all unused device memory to the driver: it flushes the
+// caches, waits for pending stream-ordered frees, synchronizes streams
+// that freed memory, and releases every page (VMM) or chunk lying wholly
+// under free blocks. It returns the bytes released.
+// Errors: ErrClosed, device errors.
+func (p *Pool) Trim() (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0, ErrClosed
+	}
+	p.flushCaches()
+	if err := p.pollPending(true); err != nil {
+		return 0, err
+	}
+	return p.releaseUnused(math.MaxUint64)
+}
+
+// Close returns all device memory to the driver, live allocations
+// included (their pointers become invalid), after waiting for pending
+// stream-ordered frees; a pool made by NewCUDA also releases its device.
+// Every later call returns ErrClosed. Errors: ErrClosed (closed already),
+// device errors (the pool is closed regardless).
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	p.flushCaches()
+	if p.cache != nil {
+		p.cache.forgetLive()
+	}
+	var errs []error
+	errs = append(errs, p.pollPending(true))
+	errs = append(errs, p.ss.syncDirty())
+	errs = append(errs, p.ss.close(func(uint64) {}))
+	if p.pt != nil {
+		errs = append(errs, p.pt.close(p))
+	} else {
+		errs = append(errs, p.heap.close())
+	}
+	if p.owned {
+		errs = append(errs, p.dev.Device.Close())
+	}
+	p.closed = true
+	return errors.Join(errs...)
+}
+
+// flushCaches drains the per-P caches into the index. Pool lock held.
+func (p *Pool) flushCaches() {
+	if p.cache != nil {
+		p.cache.drainLocked()
+	}
+}

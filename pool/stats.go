@@ -1,0 +1,184 @@
+package pool
+
+import (
+	"fmt"
+
+	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/tlsf"
+)
+
+// Stats is a snapshot of a pool's statistics. Byte counts are bytes;
+// "Peak" fields are the highest values since New.
+type Stats struct {
+	Backend Backend
+
+	// Allocated is the bytes of live allocations, each counted at its
+	// size-class size (tlsf rounding of the request; pitch × height for
+	// pitch allocations) in every backend, passthrough included, so the
+	// figures compare across backends.
+	Allocated, AllocatedPeak uint64
+	// Allocations is the number of live allocations.
+	Allocations, AllocationsPeak int64
+	// Active is the bytes of blocks that cannot serve a new request:
+	// live blocks at their size-class size, and blocks freed on a stream
+	// awaiting its event. In passthrough mode, Allocated.
+	//
+	// With caches on, the peaks of Allocated, Allocations and Active count
+	// blocks held by caches as in use: an upper bound, by at most the
+	// caches' capacity. They are exact with caches off.
+	Active, ActivePeak uint64
+	// Reserved is the device memory the pool holds: mapped pages (VMM),
+	// chunks, or the driver allocations themselves (passthrough).
+	Reserved, ReservedPeak uint64
+	// Cached is the bytes of blocks held by per-P caches, counted neither
+	// as allocated nor as free; CachedBlocks is their number.
+	Cached       uint64
+	CachedBlocks int64
+	// Pending is the bytes of blocks freed on a stream and awaiting its
+	// event (included in Active); PendingBlocks is their number.
+	Pending       uint64
+	PendingBlocks int64
+
+	// IndexFree is the free bytes in the index; for a VMM pool it
+	// includes address space whose pages were released. LargestFree is
+	// the largest free block, and Fragmentation is 1 − LargestFree /
+	// IndexFree (0 when nothing is free).
+	IndexFree     uint64
+	LargestFree   uint64
+	Fragmentation float64
+	FreeBlocks    int
+
+	// Allocs and Frees count successful calls since New (cache hits
+	// included).
+	Allocs, Frees uint64
+	// Grows counts growths of the heap; Releases counts releases that
+	// returned memory to the driver, ReleasedBytes the bytes returned.
+	Grows, Releases, ReleasedBytes uint64
+	// OutOfMemory counts requests that failed with ErrOutOfMemory;
+	// Retries counts runs of the out-of-memory path (flush, wait,
+	// release, search again, grow again), successful or not.
+	OutOfMemory, Retries uint64
+	// DeviceCalls counts the driver calls the pool made, by kind.
+	DeviceCalls device.Counts
+}
+
+// Stats returns a snapshot. It takes the pool's lock and sums the
+// per-P caches' counters.
+func (p *Pool) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.statsLocked()
+}
+
+func (p *Pool) statsLocked() Stats {
+	c := p.c
+	s := Stats{
+		Backend:       p.backend,
+		Reserved:      p.reserved(),
+		Pending:       c.pending,
+		Grows:         c.grows,
+		Releases:      c.releases,
+		OutOfMemory:   c.ooms,
+		Retries:       c.retries,
+		ReservedPeak:  c.reservedPeak,
+		ReleasedBytes: c.releasedBytes,
+		PendingBlocks: c.pendingBlocks,
+		DeviceCalls:   p.dev.counts(),
+	}
+	if p.cache != nil {
+		p.cache.addStats(&c, &s)
+	}
+	s.Allocated, s.AllocatedPeak = c.allocated, c.allocatedPeak
+	s.Allocations, s.AllocationsPeak = c.allocations, c.allocationsPeak
+	s.Active, s.ActivePeak = c.active, c.activePeak
+	s.Allocs, s.Frees = c.allocs, c.frees
+	if p.pt == nil {
+		st := p.x.Stats()
+		s.IndexFree, s.LargestFree, s.FreeBlocks = st.Free, st.LargestFree, st.FreeBlocks
+		if st.Free > 0 {
+			s.Fragmentation = 1 - float64(st.LargestFree)/float64(st.Free)
+		}
+	}
+	return s
+}
+
+// Check verifies the pool's invariants and returns the first broken one:
+// the index's own (tlsf.Index.Check); every allocated block of the index
+// is live, pending or cached in exactly one place; the statistics equal
+// what a walk finds; reserved memory covers the index's blocks in use. It
+// takes the lock and walks every block: meant for tests.
+func (p *Pool) Check() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	if p.pt != nil {
+		var sum, rounded uint64
+		for _, n := range p.pt.live {
+			sum += n
+			rounded += p.pt.rounded(p, n)
+		}
+		if sum != p.pt.reserved || rounded != p.c.allocated || int64(len(p.pt.live)) != p.c.allocations {
+			return fmt.Errorf("pool: passthrough accounting: live %d bytes (%d rounded) in %d, reserved %d, allocated %d in %d",
+				sum, rounded, len(p.pt.live), p.pt.reserved, p.c.allocated, p.c.allocations)
+		}
+		return nil
+	}
+	if err := p.x.Check(); err != nil {
+		return err
+	}
+	var live, pending, cached uint64
+	var nLive, nPending, nCached int64
+	var bad error
+	p.x.Walk(func(b tlsf.Block) bool {
+		if b.Free {
+			return true
+		}
+		m := p.meta[b.ID]
+		switch m.state {
+		case stateLive:
+			live += b.Size
+			nLive++
+		case statePending:
+			pending += b.Size
+			nPending++
+		case stateCached:
+			cached += b.Size
+			nCached++
+		default:
+			bad = fmt.Errorf("pool: allocated block %#x of %d bytes has no owner (state %d)", b.Addr, b.Size, m.state)
+			return false
+		}
+		return true
+	})
+	if bad != nil {
+		return bad
+	}
+	if n := p.ss.pendingCount(); int64(n) != nPending {
+		return fmt.Errorf("pool: %d blocks pending in the index, %d in stream sets", nPending, n)
+	}
+	s := p.statsLocked()
+	if p.cache != nil {
+		if err := p.cache.check(); err != nil {
+			return err
+		}
+	}
+	// Blocks handed out by caches are cached in the index's view and live
+	// in the caches' counters.
+	cacheLive, cacheLiveN := s.Allocated-p.c.allocated, s.Allocations-p.c.allocations
+	if s.Allocated != live+cacheLive || s.Allocations != nLive+cacheLiveN || cached != s.Cached+cacheLive {
+		return fmt.Errorf("pool: allocated %d bytes in %d by walk (+%d in %d from caches), %d in %d by counters", live, nLive, cacheLive, cacheLiveN, s.Allocated, s.Allocations)
+	}
+	if s.Active != live+cacheLive+pending || s.Pending != pending || s.PendingBlocks != nPending {
+		return fmt.Errorf("pool: active %d (pending %d in %d) by walk, %d (%d in %d) by counters",
+			live+cacheLive+pending, pending, nPending, s.Active, s.Pending, s.PendingBlocks)
+	}
+	if st := p.x.Stats(); st.Allocated != live+pending+cached {
+		return fmt.Errorf("pool: index allocated %d bytes, owners hold %d", st.Allocated, live+pending+cached)
+	}
+	if h, ok := p.heap.(*vmmHeap); ok {
+		return h.check()
+	}
+	return nil
+}

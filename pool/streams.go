@@ -1,0 +1,272 @@
+package pool
+
+import (
+	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/tlsf"
+)
+
+// Stream order.
+//
+// A block freed on stream S may still be in use by work queued on S. The
+// pool lets a later request on S reuse it at once (S runs in order), and
+// makes any other reuse wait for an event recorded on S after the free.
+//
+// While the pool has seen one stream only (most programs, and all of the
+// shared traces), a free returns the block to the index at once: every
+// later request is on that stream. The stream is marked dirty, and before
+// the pool returns memory to the driver it synchronizes every dirty stream
+// (cuMemUnmap and cuMemFree must not pull memory from under running work).
+//
+// When a second stream appears, the pool switches to multi-stream mode: it
+// records a switch event on the first stream, and makes every new stream
+// wait for it (cuStreamWaitEvent), which orders all frees made so far
+// before the new stream's work. From then on a free on S does not return
+// the block to the index: it joins S's pending set, and S's open batch
+// event is recorded again after it. A request on S first reuses a pending
+// block of S of its exact size class. Batches are sealed and their events
+// polled when an index search fails and every pollInterval frees; blocks
+// of completed batches go back to the index (and merge). On the
+// out-of-memory path the pool waits for every batch.
+
+// pollInterval: multi-stream frees between two polls of pending batches.
+const pollInterval = 64
+
+type batch struct {
+	ev    device.Event
+	seq   uint64
+	addrs []uint64
+}
+
+type streamState struct {
+	s     device.Stream
+	dirty bool // frees went to the index since the last synchronization
+
+	pending map[uint64]uint64   // multi mode: block address → batch seq
+	bySize  map[uint64][]uint64 // block size → addresses (entries may be stale)
+	stale   int                 // stale entries in bySize
+	open    *batch              // its event is recorded after every free
+	sealed  []*batch            // oldest first
+}
+
+type streamSet struct {
+	dev           *counted
+	all           map[device.Stream]*streamState
+	first         *streamState
+	multi         bool
+	switchEv      device.Event
+	switchPending bool // new streams must wait for switchEv
+	spare         []device.Event
+	seq           uint64
+	frees         int // multi-stream frees since the last poll
+}
+
+func newStreamSet(dev *counted) *streamSet {
+	return &streamSet{dev: dev, all: map[device.Stream]*streamState{}}
+}
+
+// use returns stream s's state, registering s on first sight (and
+// switching to multi-stream mode at the second stream). On error nothing
+// changed.
+func (ss *streamSet) use(s device.Stream) (*streamState, error) {
+	if st, ok := ss.all[s]; ok {
+		return st, nil
+	}
+	st := &streamState{s: s}
+	if ss.first == nil {
+		ss.first = st
+		ss.all[s] = st
+		return st, nil
+	}
+	if !ss.multi && ss.first.dirty {
+		ev, err := ss.event()
+		if err != nil {
+			return nil, err
+		}
+		if err := ss.dev.EventRecord(ev, ss.first.s); err != nil {
+			ss.spare = append(ss.spare, ev)
+			return nil, err
+		}
+		ss.switchEv, ss.switchPending = ev, true
+	}
+	if ss.switchPending {
+		if err := ss.dev.StreamWaitEvent(s, ss.switchEv); err != nil {
+			if !ss.multi && ss.switchPending {
+				ss.spare = append(ss.spare, ss.switchEv)
+				ss.switchPending = false
+			}
+			return nil, err
+		}
+	}
+	ss.multi = true
+	st.pending = map[uint64]uint64{}
+	st.bySize = map[uint64][]uint64{}
+	if ss.first.pending == nil {
+		ss.first.pending = map[uint64]uint64{}
+		ss.first.bySize = map[uint64][]uint64{}
+	}
+	ss.all[s] = st
+	return st, nil
+}
+
+// event returns a spare event or creates one.
+func (ss *streamSet) event() (device.Event, error) {
+	if k := len(ss.spare); k > 0 {
+		ev := ss.spare[k-1]
+		ss.spare = ss.spare[:k-1]
+		return ev, nil
+	}
+	return ss.dev.EventCreate()
+}
+
+// defer_ adds block b, freed on st, to st's pending set and records st's
+// open batch event after it. On error nothing changed.
+func (ss *streamSet) defer_(st *streamState, b tlsf.Block) error {
+	if st.open == nil {
+		ev, err := ss.event()
+		if err != nil {
+			return err
+		}
+		ss.seq++
+		st.open = &batch{ev: ev, seq: ss.seq}
+	}
+	if err := ss.dev.EventRecord(st.open.ev, st.s); err != nil {
+		if len(st.open.addrs) == 0 {
+			ss.spare = append(ss.spare, st.open.ev)
+			st.open = nil
+		}
+		return err
+	}
+	st.open.addrs = append(st.open.addrs, b.Addr)
+	st.pending[b.Addr] = st.open.seq
+	st.bySize[b.Size] = append(st.bySize[b.Size], b.Addr)
+	ss.frees++
+	return nil
+}
+
+// reuse pops a pending block of st of exactly size bytes (a size-class
+// boundary), if any.
+func (ss *streamSet) reuse(st *streamState, size uint64) (uint64, bool) {
+	list := st.bySize[size]
+	for len(list) > 0 {
+		addr := list[len(list)-1]
+		list = list[:len(list)-1]
+		if _, ok := st.pending[addr]; ok {
+			delete(st.pending, addr)
+			st.bySize[size] = list
+			return addr, true
+		}
+		st.stale--
+	}
+	delete(st.bySize, size)
+	return 0, false
+}
+
+// poll seals open batches and hands the blocks of every completed batch
+// to reclaim, oldest first. With wait, it waits for every batch. It
+// returns the first device error; batches it could not finish stay.
+func (ss *streamSet) poll(wait bool, reclaim func(addr uint64)) error {
+	ss.frees = 0
+	var firstErr error
+	for _, st := range ss.all {
+		if st.open != nil {
+			st.sealed = append(st.sealed, st.open)
+			st.open = nil
+		}
+		for len(st.sealed) > 0 {
+			b := st.sealed[0]
+			var done bool
+			var err error
+			if wait {
+				err = ss.dev.EventSynchronize(b.ev)
+				done = err == nil
+			} else {
+				done, err = ss.dev.EventQuery(b.ev)
+			}
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			if !done {
+				break
+			}
+			for _, addr := range b.addrs {
+				if seq, ok := st.pending[addr]; ok && seq == b.seq {
+					delete(st.pending, addr)
+					st.stale++
+					reclaim(addr)
+				}
+			}
+			ss.spare = append(ss.spare, b.ev)
+			st.sealed[0] = nil
+			st.sealed = st.sealed[1:]
+		}
+		if st.stale > 64 && st.stale > 2*len(st.pending) {
+			st.compact()
+		}
+	}
+	if ss.switchPending {
+		done, err := ss.dev.EventQuery(ss.switchEv)
+		if wait && err == nil && !done {
+			err = ss.dev.EventSynchronize(ss.switchEv)
+			done = err == nil
+		}
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+		if done {
+			ss.spare = append(ss.spare, ss.switchEv)
+			ss.switchPending = false
+		}
+	}
+	return firstErr
+}
+
+// compact drops stale entries from bySize.
+func (st *streamState) compact() {
+	for size, list := range st.bySize {
+		kept := list[:0]
+		for _, a := range list {
+			if _, ok := st.pending[a]; ok {
+				kept = append(kept, a)
+			}
+		}
+		if len(kept) == 0 {
+			delete(st.bySize, size)
+		} else {
+			st.bySize[size] = kept
+		}
+	}
+	st.stale = 0
+}
+
+// syncDirty synchronizes every stream whose frees went straight to the
+// index, so that memory under free blocks is no longer in use by the GPU.
+func (ss *streamSet) syncDirty() error {
+	for _, st := range ss.all {
+		if st.dirty {
+			if err := ss.dev.StreamSynchronize(st.s); err != nil {
+				return err
+			}
+			st.dirty = false
+		}
+	}
+	return nil
+}
+
+// pendingCount is the number of blocks awaiting events.
+func (ss *streamSet) pendingCount() int {
+	n := 0
+	for _, st := range ss.all {
+		n += len(st.pending)
+	}
+	return n
+}
+
+// close waits for and destroys every event.
+func (ss *streamSet) close(reclaim func(addr uint64)) error {
+	err := ss.poll(true, reclaim)
+	for _, ev := range ss.spare {
+		_ = ss.dev.EventDestroy(ev)
+	}
+	ss.spare = nil
+	return err
+}

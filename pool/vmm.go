@@ -1,0 +1,316 @@
+package pool
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/tlsf"
+)
+
+// vmmHeap is one virtual address range [base, base+vsize) reserved with
+// cuMemAddressReserve. The index sees [base, end) as one region that grows
+// at its end; every page (one allocation granule, 2 MiB on an H200) below
+// end is mapped to its own physical allocation (cuMemCreate + cuMemMap) or
+// is a hole: a page released because it lay wholly under free blocks,
+// mapped again when a block that covers it is allocated. Pages at or above
+// end are never mapped.
+//
+// One physical allocation per page costs a cuMemCreate and a cuMemMap per
+// granule when growing (access is granted once per contiguous run with
+// cuMemSetAccess), and buys release at the finest granularity the driver
+// allows: cuMemUnmap must cover whole mappings.
+type vmmHeap struct {
+	dev     *counted
+	x       *tlsf.Index
+	gran    uint64 // bytes per page
+	base    uint64
+	vsize   uint64
+	end     uint64             // top of the index's region; base when none yet
+	handles []device.MemHandle // by page; valid where mapped
+	mapped  []bool             // by page
+	nMapped uint64             // pages mapped
+	holes   uint64             // unmapped pages below end
+}
+
+func newVMMHeap(dev *counted, x *tlsf.Index, vsize, total uint64) (*vmmHeap, error) {
+	gran, err := dev.AllocationGranularity()
+	if err != nil {
+		return nil, err
+	}
+	if vsize == 0 {
+		vsize = total
+	}
+	vsize = roundUp(vsize, gran)
+	base, err := dev.AddressReserve(vsize, gran)
+	if err != nil {
+		return nil, fmt.Errorf("pool: reserving %d bytes of address space: %w", vsize, err)
+	}
+	pages := vsize / gran
+	return &vmmHeap{
+		dev: dev, x: x, gran: gran, base: uint64(base), vsize: vsize, end: uint64(base),
+		handles: make([]device.MemHandle, pages),
+		mapped:  make([]bool, pages),
+	}, nil
+}
+
+func (h *vmmHeap) reserved() uint64    { return h.nMapped * h.gran }
+func (h *vmmHeap) granularity() uint64 { return h.gran }
+
+func (h *vmmHeap) need(size, align uint64) uint64 {
+	var tail uint64
+	if h.end > h.base {
+		if last, err := h.x.Last(h.base); err == nil && last.Free {
+			tail = last.Size
+			if align > 0 && last.Addr%align != 0 {
+				tail = 0 // keep it simple: the padding may eat the tail
+				size += align
+			}
+		}
+	}
+	if tail >= size {
+		return 0
+	}
+	return roundUp(size-tail, h.gran)
+}
+
+// grow maps up to want bytes of new pages at end (at least need), grants
+// access, and extends the index's region.
+func (h *vmmHeap) grow(need, want uint64) error {
+	room := h.base + h.vsize - h.end
+	if need > h.vsize {
+		return fmt.Errorf("%w: %d bytes exceed the virtual range of %d bytes", ErrTooLarge, need, h.vsize)
+	}
+	if need > room {
+		return errNoRoom // the range is used up to its end
+	}
+	want = min(max(want, need), room)
+	first := (h.end - h.base) / h.gran
+	n, err := h.mapRun(first, want/h.gran, need/h.gran)
+	if err != nil {
+		return err
+	}
+	added := n * h.gran
+	if h.end == h.base {
+		err = h.x.AddRegion(h.base, added)
+	} else {
+		err = h.x.GrowRegion(h.base, added)
+	}
+	if err != nil { // not reached: the range is ours alone
+		h.unmapRun(first, n)
+		return err
+	}
+	h.end += added
+	return nil
+}
+
+// mapRun maps up to n pages from page first (at least min of them, else
+// none): a physical allocation and a mapping per page, then access for
+// the whole run. It returns how many it mapped.
+func (h *vmmHeap) mapRun(first, n, least uint64) (uint64, error) {
+	var done uint64
+	var err error
+	for ; done < n; done++ {
+		p := first + done
+		var mh device.MemHandle
+		if mh, err = h.dev.MemCreate(h.gran); err != nil {
+			break
+		}
+		if err = h.dev.MemMap(uintptr(h.pageAddr(p)), h.gran, mh); err != nil {
+			_ = h.dev.MemRelease(mh)
+			break
+		}
+		h.handles[p] = mh
+		h.mapped[p] = true
+		h.nMapped++
+	}
+	if err != nil && done < least {
+		h.unmapRun(first, done)
+		return 0, err
+	}
+	if done == 0 {
+		return 0, err
+	}
+	if aerr := h.dev.MemSetAccess(uintptr(h.pageAddr(first)), done*h.gran); aerr != nil {
+		h.unmapRun(first, done)
+		return 0, aerr
+	}
+	return done, nil
+}
+
+// unmapRun unmaps pages [first, first+n), all mapped, and releases their
+// physical memory. Errors are returned after trying every page.
+func (h *vmmHeap) unmapRun(first, n uint64) error {
+	if n == 0 {
+		return nil
+	}
+	err := h.dev.MemUnmap(uintptr(h.pageAddr(first)), n*h.gran)
+	if err != nil {
+		return err // still mapped: keep accounting them
+	}
+	var errs []error
+	for p := first; p < first+n; p++ {
+		if rerr := h.dev.MemRelease(h.handles[p]); rerr != nil {
+			errs = append(errs, rerr)
+		}
+		h.handles[p] = 0
+		h.mapped[p] = false
+		h.nMapped--
+	}
+	return errors.Join(errs...)
+}
+
+func (h *vmmHeap) pageAddr(p uint64) uint64 { return h.base + p*h.gran }
+
+// pages returns the pages that block b touches.
+func (h *vmmHeap) pages(b tlsf.Block) (first, end uint64) {
+	return (b.Addr - h.base) / h.gran, (b.Addr + b.Size - h.base + h.gran - 1) / h.gran
+}
+
+func (h *vmmHeap) unbacked(b tlsf.Block) uint64 {
+	if h.holes == 0 {
+		return 0
+	}
+	var n uint64
+	first, end := h.pages(b)
+	for p := first; p < end; p++ {
+		if !h.mapped[p] {
+			n++
+		}
+	}
+	return n * h.gran
+}
+
+// back maps the holes under block b, run by run.
+func (h *vmmHeap) back(b tlsf.Block) error {
+	if h.holes == 0 {
+		return nil
+	}
+	first, end := h.pages(b)
+	var mappedNow [][2]uint64
+	for p := first; p < end; {
+		if h.mapped[p] {
+			p++
+			continue
+		}
+		q := p
+		for q < end && !h.mapped[q] {
+			q++
+		}
+		if _, err := h.mapRun(p, q-p, q-p); err != nil {
+			for _, r := range mappedNow {
+				_ = h.unmapRun(r[0], r[1])
+				h.holes += r[1]
+			}
+			return err
+		}
+		h.holes -= q - p
+		mappedNow = append(mappedNow, [2]uint64{p, q - p})
+		p = q
+	}
+	return nil
+}
+
+// release unmaps mapped pages that lie wholly inside free blocks, those of
+// the largest free blocks first (they are the least likely to be cut up
+// and reused soon), until limit bytes are released.
+func (h *vmmHeap) release(limit uint64) (uint64, error) {
+	type run struct{ first, n, blockSize uint64 }
+	var runs []run
+	h.x.Walk(func(b tlsf.Block) bool {
+		if !b.Free {
+			return true
+		}
+		first := (b.Addr - h.base + h.gran - 1) / h.gran
+		end := (b.Addr + b.Size - h.base) / h.gran
+		for p := first; p < end; {
+			if !h.mapped[p] {
+				p++
+				continue
+			}
+			q := p
+			for q < end && h.mapped[q] {
+				q++
+			}
+			runs = append(runs, run{p, q - p, b.Size})
+			p = q
+		}
+		return true
+	})
+	slices.SortStableFunc(runs, func(a, b run) int { return cmp.Compare(b.blockSize, a.blockSize) })
+	var released uint64
+	for _, r := range runs {
+		if released >= limit {
+			break
+		}
+		n := min(r.n, (limit-released+h.gran-1)/h.gran)
+		// Release the top of the run: the bottom may be cut off first.
+		if err := h.unmapRun(r.first+r.n-n, n); err != nil {
+			return released, err
+		}
+		h.holes += n
+		released += n * h.gran
+	}
+	return released, nil
+}
+
+func (h *vmmHeap) close() error {
+	var errs []error
+	pages := (h.end - h.base) / h.gran
+	for p := uint64(0); p < pages; {
+		if !h.mapped[p] {
+			p++
+			continue
+		}
+		q := p
+		for q < pages && h.mapped[q] {
+			q++
+		}
+		if err := h.unmapRun(p, q-p); err != nil {
+			errs = append(errs, err)
+		}
+		p = q
+	}
+	if err := h.dev.AddressFree(uintptr(h.base), h.vsize); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// check verifies the page accounting: mapped pages counted, holes below
+// end counted, nothing mapped at or above end, and every allocated block
+// of the index backed.
+func (h *vmmHeap) check() error {
+	var mapped, holes uint64
+	top := (h.end - h.base) / h.gran
+	for p, m := range h.mapped {
+		switch {
+		case m:
+			mapped++
+			if uint64(p) >= top {
+				return fmt.Errorf("pool: page %d mapped above the heap's end", p)
+			}
+		case uint64(p) < top:
+			holes++
+		}
+	}
+	if mapped != h.nMapped || holes != h.holes {
+		return fmt.Errorf("pool: %d pages mapped and %d holes by walk, %d and %d counted", mapped, holes, h.nMapped, h.holes)
+	}
+	var bad error
+	h.x.Walk(func(b tlsf.Block) bool {
+		if !b.Free {
+			first, end := h.pages(b)
+			for p := first; p < end; p++ {
+				if !h.mapped[p] {
+					bad = fmt.Errorf("pool: allocated block %#x lies on unmapped page %d", b.Addr, p)
+					return false
+				}
+			}
+		}
+		return true
+	})
+	return bad
+}
