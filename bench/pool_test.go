@@ -2,6 +2,8 @@ package bench
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"runtime"
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
@@ -10,45 +12,139 @@ import (
 	"github.com/gpumem/tlsf/pool"
 )
 
-func TestPoolMemory(t *testing.T) {
+func newSimPool(tb testing.TB, o pool.Options) *pool.Pool {
+	tb.Helper()
+	p, err := pool.New(device.NewSim(device.SimConfig{}), o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// BenchmarkPoolReplay replays each shared trace through a pool on the
+// simulated H200 with default options, caches on, for each pooled
+// backend. Metrics: ns per trace operation (warm: the pool has replayed
+// the trace once before timing starts; simulated driver time is not
+// slept), reserved/live (peak reserved over peak live, no cap) and
+// mincap/live (the smallest MaxBytes under which the replay has no failed
+// allocation, by bisection to 2 MiB, over peak live).
+func BenchmarkPoolReplay(b *testing.B) {
 	for _, name := range trace.Names() {
 		tr, err := trace.Load(name)
 		if err != nil {
-			t.Fatal(err)
+			b.Fatal(err)
 		}
-		for _, be := range []pool.Backend{pool.BackendVMM} {
-			for _, sl := range []uint{6} {
-				for _, rf := range []float64{0.0005, 0.002, 0.005} {
-					cacheOff := false
-					opts := pool.Options{Backend: be, SLLog2: sl, Cache: pool.CacheOptions{Disable: cacheOff}, ReleaseFraction: rf}
-					run := func(cap uint64) (pool.Stats, replay.Result) {
-						o := opts
-						o.MaxBytes = cap
-						sim := device.NewSim(device.SimConfig{})
-						p, err := pool.New(sim, o)
-						if err != nil {
-							t.Fatal(err)
-						}
-						defer p.Close()
-						res, err := replay.Run(tr, replay.Pool{P: p})
-						if err != nil {
-							t.Fatal(err)
-						}
-						return p.Stats(), res
-					}
-					st, res := run(0)
-					live := float64(res.PeakLive)
-					minCap, runs, err := replay.MinCap(res.PeakLive, st.ReservedPeak, 2<<20, func(c uint64) (bool, error) {
-						_, r := run(c)
-						return r.Failed == 0, nil
-					})
+		for _, be := range []pool.Backend{pool.BackendVMM, pool.BackendChunks} {
+			b.Run(fmt.Sprintf("%s/%v", name, be), func(b *testing.B) {
+				run := func(cap uint64) (pool.Stats, replay.Result) {
+					p := newSimPool(b, pool.Options{Backend: be, MaxBytes: cap})
+					res, err := replay.Run(tr, replay.Pool{P: p})
 					if err != nil {
-						t.Fatal(err)
+						b.Fatal(err)
 					}
-					fmt.Printf("rf=%.3f %-9s %-7v sl=%d cacheOff=%-5v reserved/live %.4f  mincap/live %.4f (%d runs) grows %d calls %d ns/op %.0f\n", rf,
-						name, be, sl, cacheOff, float64(st.ReservedPeak)/live, float64(minCap)/live, runs, st.Grows, st.DeviceCalls.Total(), res.NsPerOp())
+					st := p.Stats()
+					_ = p.Close()
+					return st, res
+				}
+				st, res := run(0)
+				live := float64(res.PeakLive)
+				minCap, _, err := replay.MinCap(res.PeakLive, st.ReservedPeak, 2<<20, func(c uint64) (bool, error) {
+					_, r := run(c)
+					return r.Failed == 0, nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+
+				p := newSimPool(b, pool.Options{Backend: be})
+				a := replay.Pool{P: p}
+				if _, err := replay.Run(tr, a); err != nil { // warm up
+					b.Fatal(err)
+				}
+				var ns float64
+				for b.Loop() {
+					if _, err := p.Trim(); err != nil { // the trace leaves blocks live: start afresh
+						b.Fatal(err)
+					}
+					r, err := replay.Run(tr, a)
+					if err != nil {
+						b.Fatal(err)
+					}
+					ns += r.NsPerOp()
+				}
+				b.ReportMetric(ns/float64(b.N), "ns/traceop")
+				b.ReportMetric(float64(st.ReservedPeak)/live, "reserved/live")
+				b.ReportMetric(float64(minCap)/live, "mincap/live")
+				b.ReportMetric(float64(st.DeviceCalls.Total()), "calls")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}
+
+// BenchmarkSmallAllocFree is one Alloc and one Free of a 4 KiB block on
+// one goroutine: the per-P cache's fast path against the pool's lock.
+func BenchmarkSmallAllocFree(b *testing.B) {
+	for _, mode := range []struct {
+		name string
+		off  bool
+	}{{"cached", false}, {"locked", true}} {
+		b.Run(mode.name, func(b *testing.B) {
+			p := newSimPool(b, pool.Options{Cache: pool.CacheOptions{Disable: mode.off}})
+			for b.Loop() {
+				ptr, err := p.Alloc(4096)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := p.Free(ptr); err != nil {
+					b.Fatal(err)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkSmallParallel runs 1, 2, 4, 8 and 16 goroutines (GOMAXPROCS
+// set to match) each allocating and freeing small blocks of mixed sizes
+// (256 B to 64 KiB, 16 live per goroutine), caches on beside caches off.
+// Metric: Mops/s, pairs of Alloc and Free per second across goroutines.
+func BenchmarkSmallParallel(b *testing.B) {
+	for _, g := range []int{1, 2, 4, 8, 16} {
+		for _, mode := range []struct {
+			name string
+			off  bool
+		}{{"cached", false}, {"locked", true}} {
+			b.Run(fmt.Sprintf("goroutines=%d/%s", g, mode.name), func(b *testing.B) {
+				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(g))
+				p := newSimPool(b, pool.Options{Cache: pool.CacheOptions{Disable: mode.off}})
+				b.SetParallelism(1)
+				b.RunParallel(func(pb *testing.PB) {
+					r := rand.New(rand.NewPCG(rand.Uint64(), 1))
+					var live [16]uintptr
+					for pb.Next() {
+						i := r.IntN(len(live))
+						if live[i] != 0 {
+							if err := p.Free(live[i]); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+						ptr, err := p.Alloc(uint64(256) << r.IntN(9))
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						live[i] = ptr
+					}
+					for _, ptr := range live {
+						if ptr != 0 {
+							_ = p.Free(ptr)
+						}
+					}
+				})
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds()/1e6, "Mops/s")
+			})
 		}
 	}
 }

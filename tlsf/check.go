@@ -98,27 +98,25 @@ func (x *Index) Check() error {
 				return fail("block %#x has size %d", bk.addr, bk.size)
 			case bk.prevPhys != prev:
 				return fail("block %#x: prevPhys %d, expected %d", bk.addr, bk.prevPhys, prev)
-			case bk.region != s:
-				return fail("block %#x: region slot %d, expected %d", bk.addr, bk.region, s)
-			case bk.free && prevFree:
+			case bk.free() && prevFree:
 				return fail("adjacent free blocks at %#x", bk.addr)
 			}
-			if bk.free {
+			if bk.free() {
 				nFree++
-				if fl, sl := x.insert(bk.size); uint(bk.list) != fl<<x.slLog2|sl {
-					return fail("free block %#x records list %d, maps to (%d,%d)", bk.addr, bk.list, fl, sl)
-				}
 				if !x.listed(b) {
 					return fail("free block %#x is not in list %v", bk.addr, x.listOf(bk.size))
 				}
 			} else {
+				if bk.nextFree != nilRec {
+					return fail("allocated block %#x has a free-list link", bk.addr)
+				}
 				nAlloc++
 				regAlloc += bk.size
 				if rec, ok := x.live.Get(bk.addr); !ok || rec != uint64(b) {
 					return fail("allocated block %#x missing from the address table", bk.addr)
 				}
 			}
-			prevFree = bk.free
+			prevFree = bk.free()
 			at += bk.size
 			prev = b
 		}
@@ -179,7 +177,7 @@ func (x *Index) checkLists(nFree int) error {
 			prev := nilRec
 			for b := head; b != nilRec; b = x.blocks[b].nextFree {
 				bk := &x.blocks[b]
-				if !bk.free {
+				if !bk.free() {
 					return fail("allocated block %#x in list (%d,%d)", bk.addr, fl, sl)
 				}
 				if f, s := x.insert(bk.size); f != fl || s != sl {

@@ -35,22 +35,27 @@ type Config struct {
 	SLLog2 uint
 }
 
-// nilRec marks a missing link between block records.
-const nilRec = ^uint32(0)
+// nilRec marks a missing link between block records; allocMark, in
+// prevFree, marks an allocated block.
+const (
+	nilRec    = ^uint32(0)
+	allocMark = nilRec - 1
+)
 
-// block is the out-of-band record of one block. Links are indexes into
-// Index.blocks, not pointers, so the garbage collector scans none of them.
+// block is the out-of-band record of one block: 32 bytes, two to a cache
+// line. Links are indexes into Index.blocks, not pointers, so the garbage
+// collector scans none of them. A block's region is found from its address
+// when needed (rarely: only the top block of a region needs it).
 type block struct {
 	addr     uint64
 	size     uint64
 	prevPhys uint32 // the block just below in the same region, or nilRec
 	nextPhys uint32 // the block just above in the same region, or nilRec
-	prevFree uint32 // free-list neighbours, valid while free
+	prevFree uint32 // free-list neighbours while free; allocMark while allocated
 	nextFree uint32
-	region   uint32 // slot in Index.reg
-	free     bool
-	list     uint32 // fl<<slLog2 | sl of the list holding it, while free
 }
+
+func (bk *block) free() bool { return bk.prevFree != allocMark }
 
 // Block describes one block: Size bytes at Addr, free or allocated.
 //
@@ -76,10 +81,10 @@ type Index struct {
 	slBitmap []uint64 // [fl] bit sl set: list (fl, sl) is non-empty
 	heads    []uint32 // [fl<<slLog2 | sl]: first free block of the list
 
-	blocks []block   // every record, live or spare
-	spare  []uint32  // recycled record indexes
+	blocks []block     // every record, live or spare
+	spare  []uint32    // recycled record indexes
 	live   addrmap.Map // allocated block start → record
-	reg    regionSet // regions by base address
+	reg    regionSet   // regions by base address
 
 	allocated   uint64 // bytes in allocated blocks
 	total       uint64 // bytes in all regions
@@ -228,15 +233,15 @@ func (x *Index) Free(addr uint64) (Block, error) {
 	freed := Block{Addr: addr, Size: bk.size, ID: b}
 	x.allocated -= bk.size
 	x.allocBlocks--
-	bk.free = true
+	bk.prevFree = nilRec // free, not yet listed
 	x.freeBlocksN++
 
-	if p := x.blocks[b].prevPhys; p != nilRec && x.blocks[p].free {
+	if p := bk.prevPhys; p != nilRec && x.blocks[p].free() {
 		x.removeFreeBlock(p)
 		x.absorbNext(p)
 		b = p
 	}
-	if n := x.blocks[b].nextPhys; n != nilRec && x.blocks[n].free {
+	if n := x.blocks[b].nextPhys; n != nilRec && x.blocks[n].free() {
 		x.removeFreeBlock(n)
 		x.absorbNext(b)
 	}
@@ -260,7 +265,7 @@ func (x *Index) MaxID() uint32 { return uint32(len(x.blocks)) }
 
 func (x *Index) public(b uint32) Block {
 	bk := &x.blocks[b]
-	return Block{Addr: bk.addr, Size: bk.size, ID: b, Free: bk.free}
+	return Block{Addr: bk.addr, Size: bk.size, ID: b, Free: bk.free()}
 }
 
 // findSuitable returns the first block of the smallest non-empty list
@@ -285,7 +290,7 @@ func (x *Index) findSuitable(size uint64) (b uint32, fl, sl uint) {
 // block.
 func (x *Index) markAllocated(b uint32) Block {
 	bk := &x.blocks[b]
-	bk.free = false
+	bk.prevFree, bk.nextFree = allocMark, nilRec
 	x.freeBlocksN--
 	x.allocBlocks++
 	x.allocated += bk.size
@@ -313,13 +318,11 @@ func (x *Index) cut(b uint32, offset uint64) uint32 {
 		nextPhys: bk.nextPhys,
 		prevFree: nilRec,
 		nextFree: nilRec,
-		region:   bk.region,
-		free:     true,
 	}
 	if bk.nextPhys != nilRec {
 		x.blocks[bk.nextPhys].prevPhys = n
 	} else {
-		x.reg.slots[bk.region].last = n
+		x.setLast(bk.addr, n)
 	}
 	bk.nextPhys = n
 	bk.size = offset
@@ -338,7 +341,7 @@ func (x *Index) absorbNext(b uint32) {
 	if nk.nextPhys != nilRec {
 		x.blocks[nk.nextPhys].prevPhys = b
 	} else {
-		x.reg.slots[bk.region].last = b
+		x.setLast(bk.addr, b)
 	}
 	x.freeBlocksN--
 	x.recycle(n)
@@ -370,7 +373,6 @@ func (x *Index) insertFree(b uint32) {
 	bk := &x.blocks[b]
 	bk.prevFree = nilRec
 	bk.nextFree = head
-	bk.list = uint32(i)
 	if head != nilRec {
 		x.blocks[head].prevFree = b
 	}
@@ -379,10 +381,16 @@ func (x *Index) insertFree(b uint32) {
 	x.flBitmap |= 1 << fl
 }
 
-// removeFreeBlock unlinks free record b from the list it is in.
+// removeFreeBlock unlinks free record b from the list its size maps to.
 func (x *Index) removeFreeBlock(b uint32) {
-	i := uint(x.blocks[b].list)
-	x.removeFree(b, i>>x.slLog2, i&(1<<x.slLog2-1))
+	fl, sl := x.insert(x.blocks[b].size)
+	x.removeFree(b, fl, sl)
+}
+
+// setLast records rec as the top block of the region containing addr.
+func (x *Index) setLast(addr uint64, rec uint32) {
+	s, _ := x.reg.find(addr)
+	x.reg.slots[s].last = rec
 }
 
 // removeFree unlinks free record b from list (fl, sl), clearing the
@@ -420,7 +428,7 @@ func (x *Index) classifyBadAddress(addr uint64) error {
 	for b := x.reg.slots[s].first; b != nilRec; b = x.blocks[b].nextPhys {
 		bk := &x.blocks[b]
 		if addr < bk.addr+bk.size {
-			if bk.free {
+			if bk.free() {
 				return fmt.Errorf("%w: %#x lies in free block [%#x, %#x)", ErrDoubleFree, addr, bk.addr, bk.addr+bk.size)
 			}
 			return fmt.Errorf("%w: %#x is inside allocated block [%#x, %#x)", ErrUnknownAddress, addr, bk.addr, bk.addr+bk.size)

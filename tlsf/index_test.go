@@ -377,7 +377,7 @@ func TestCheckDetectsCorruption(t *testing.T) {
 		{"size changed", func(x *Index) { x.blocks[x.reg.slots[0].first].size += 256 }},
 		{"allocated count", func(x *Index) { x.allocated++ }},
 		{"address table entry lost", func(x *Index) { x.live.Take(x.blocks[x.reg.slots[0].first].addr) }},
-		{"free flag flipped", func(x *Index) { x.blocks[x.reg.slots[0].last].free = false }},
+		{"free block marked allocated", func(x *Index) { x.blocks[x.reg.slots[0].last].prevFree = allocMark }},
 	}
 	for _, c := range corrupt {
 		t.Run(c.name, func(t *testing.T) {

@@ -101,7 +101,7 @@ func (x *Index) AddRegion(base, size uint64) error {
 	}
 	b := x.newRecord()
 	x.blocks[b] = block{addr: base, size: size, prevPhys: nilRec, nextPhys: nilRec,
-		prevFree: nilRec, nextFree: nilRec, region: slot, free: true}
+		prevFree: nilRec, nextFree: nilRec}
 	x.reg.slots[slot] = region{base: base, size: size, first: b, last: b, inUse: true}
 	x.reg.order = append(x.reg.order, 0)
 	copy(x.reg.order[pos+1:], x.reg.order[pos:])
@@ -137,7 +137,7 @@ func (x *Index) GrowRegion(base, extra uint64) error {
 			return fmt.Errorf("%w: growing [%#x +%d) by %d meets [%#x +%d)", ErrRegionOverlap, r.base, r.size, extra, n.base, n.size)
 		}
 	}
-	if last := r.last; x.blocks[last].free {
+	if last := r.last; x.blocks[last].free() {
 		x.removeFreeBlock(last)
 		x.blocks[last].size += extra
 		x.insertFree(last)
@@ -145,7 +145,7 @@ func (x *Index) GrowRegion(base, extra uint64) error {
 		b := x.newRecord()
 		r = &x.reg.slots[slot]
 		x.blocks[b] = block{addr: end, size: extra, prevPhys: last, nextPhys: nilRec,
-			prevFree: nilRec, nextFree: nilRec, region: slot, free: true}
+			prevFree: nilRec, nextFree: nilRec}
 		x.blocks[last].nextPhys = b
 		r.last = b
 		x.freeBlocksN++
@@ -167,7 +167,7 @@ func (x *Index) RemoveRegion(base uint64) error {
 		return fmt.Errorf("%w: no region starts at %#x", ErrBadRegion, base)
 	}
 	r := &x.reg.slots[slot]
-	if b := r.first; !x.blocks[b].free || b != r.last {
+	if b := r.first; !x.blocks[b].free() || b != r.last {
 		return fmt.Errorf("%w: region at %#x has %d bytes allocated", ErrRegionBusy, base, x.regionAllocated(slot))
 	}
 	b := r.first // the only block: free, and merged with everything
@@ -185,7 +185,7 @@ func (x *Index) RemoveRegion(base uint64) error {
 func (x *Index) regionAllocated(slot uint32) uint64 {
 	var n uint64
 	for b := x.reg.slots[slot].first; b != nilRec; b = x.blocks[b].nextPhys {
-		if !x.blocks[b].free {
+		if !x.blocks[b].free() {
 			n += x.blocks[b].size
 		}
 	}

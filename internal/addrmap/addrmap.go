@@ -15,15 +15,14 @@ package addrmap
 // Map maps uint64 keys (addresses) to uint64 values. The key 2^64−1 is
 // reserved: it marks empty slots (no block can start there).
 type Map struct {
-	keys  []uint64 // empty where ^0
-	vals  []uint64
+	slots []slot
 	mask  uint64 // len(keys) - 1; the length is a power of two
 	shift uint   // 64 - log2(len(keys))
 	gran  uint   // log2 of the key granularity
 	n     int
 }
 
-// minLog2: 256 slots to start (4.25 KiB).
+// minLog2: 256 slots to start (4 KiB).
 const minLog2 = 8
 
 // New returns an empty map for keys that are multiples of 2^granLog2.
@@ -40,10 +39,9 @@ func (m *Map) Init(granLog2 uint) {
 }
 
 func (m *Map) alloc(log2 uint) {
-	m.keys = make([]uint64, 1<<log2)
-	m.vals = make([]uint64, 1<<log2)
-	for i := range m.keys {
-		m.keys[i] = empty
+	m.slots = make([]slot, 1<<log2)
+	for i := range m.slots {
+		m.slots[i].key = empty
 	}
 	m.mask = 1<<log2 - 1
 	m.shift = 64 - log2
@@ -51,6 +49,11 @@ func (m *Map) alloc(log2 uint) {
 }
 
 const empty = ^uint64(0)
+
+// slot keeps a key beside its value: one cache line holds both.
+type slot struct {
+	key, val uint64 // key is empty in a free slot
+}
 
 func (m *Map) home(key uint64) uint64 {
 	return ((key >> m.gran) * 0x9E3779B97F4A7C15) >> m.shift
@@ -62,9 +65,9 @@ func (m *Map) Len() int { return m.n }
 // Get returns the value stored for key.
 func (m *Map) Get(key uint64) (uint64, bool) {
 	for i := m.home(key); ; i = (i + 1) & m.mask {
-		switch m.keys[i] {
+		switch m.slots[i].key {
 		case key:
-			return m.vals[i], true
+			return m.slots[i].val, true
 		case empty:
 			return 0, false
 		}
@@ -74,46 +77,46 @@ func (m *Map) Get(key uint64) (uint64, bool) {
 // Put stores val for key, which must not be present.
 func (m *Map) Put(key, val uint64) {
 	// Keep the load factor at most 1/2: short probe sequences.
-	if 2*(m.n+1) > len(m.keys) {
+	if 2*(m.n+1) > len(m.slots) {
 		m.grow()
 	}
 	i := m.home(key)
-	for m.keys[i] != empty {
+	for m.slots[i].key != empty {
 		i = (i + 1) & m.mask
 	}
-	m.keys[i], m.vals[i] = key, val
+	m.slots[i] = slot{key, val}
 	m.n++
 }
 
 // Take removes key and returns the value that was stored for it.
 func (m *Map) Take(key uint64) (uint64, bool) {
 	i := m.home(key)
-	for m.keys[i] != key {
-		if m.keys[i] == empty {
+	for m.slots[i].key != key {
+		if m.slots[i].key == empty {
 			return 0, false
 		}
 		i = (i + 1) & m.mask
 	}
-	val := m.vals[i]
+	val := m.slots[i].val
 	// Backward shift: pull later entries of the cluster into the hole when
 	// the hole lies between their home slot and where they sit.
-	for j := (i + 1) & m.mask; m.keys[j] != empty; j = (j + 1) & m.mask {
-		if (j-m.home(m.keys[j]))&m.mask >= (j-i)&m.mask {
-			m.keys[i], m.vals[i] = m.keys[j], m.vals[j]
+	for j := (i + 1) & m.mask; m.slots[j].key != empty; j = (j + 1) & m.mask {
+		if (j-m.home(m.slots[j].key))&m.mask >= (j-i)&m.mask {
+			m.slots[i] = m.slots[j]
 			i = j
 		}
 	}
-	m.keys[i] = empty
+	m.slots[i].key = empty
 	m.n--
 	return val, true
 }
 
 func (m *Map) grow() {
-	keys, vals := m.keys, m.vals
+	old := m.slots
 	m.alloc(64 - m.shift + 1)
-	for i, k := range keys {
-		if k != empty {
-			m.Put(k, vals[i])
+	for _, sl := range old {
+		if sl.key != empty {
+			m.Put(sl.key, sl.val)
 		}
 	}
 }
@@ -121,8 +124,8 @@ func (m *Map) grow() {
 // All calls fn for every entry, in no particular order, until fn returns
 // false. fn must not change the map.
 func (m *Map) All(fn func(key, val uint64) bool) {
-	for i, k := range m.keys {
-		if k != empty && !fn(k, m.vals[i]) {
+	for _, sl := range m.slots {
+		if sl.key != empty && !fn(sl.key, sl.val) {
 			return
 		}
 	}
