@@ -39,7 +39,7 @@ func (x *Index) LargestFree() uint64 {
 	fl := uint(63 - bits.LeadingZeros64(x.flBitmap))
 	sl := uint(63 - bits.LeadingZeros64(x.slBitmap[fl]))
 	var largest uint64
-	for b := x.heads[fl<<x.slLog2|sl]; b != nilRec; b = x.blocks[b].nextFree {
+	for b := x.heads[listIndex(fl, sl)]; b != nilRec; b = x.blocks[b].nextFree {
 		largest = max(largest, x.blocks[b].size)
 	}
 	return largest
@@ -150,7 +150,7 @@ func (x *Index) listOf(size uint64) [2]uint {
 // listed reports whether free record b is in the list its size maps to.
 func (x *Index) listed(b uint32) bool {
 	fl, sl := x.insert(x.blocks[b].size)
-	for c := x.heads[fl<<x.slLog2|sl]; c != nilRec; c = x.blocks[c].nextFree {
+	for c := x.heads[listIndex(fl, sl)]; c != nilRec; c = x.blocks[c].nextFree {
 		if c == b {
 			return true
 		}
@@ -170,7 +170,7 @@ func (x *Index) checkLists(nFree int) error {
 			return fail("FL bitmap bit %d disagrees with SL bitmap %#x", fl, x.slBitmap[fl])
 		}
 		for sl := uint(0); sl < 1<<x.slLog2; sl++ {
-			head := x.heads[fl<<x.slLog2|sl]
+			head := x.heads[listIndex(fl, sl)]
 			if (x.slBitmap[fl]>>sl&1 == 1) != (head != nilRec) {
 				return fail("SL bitmap bit (%d,%d) disagrees with its list", fl, sl)
 			}

@@ -78,8 +78,12 @@ type Index struct {
 	numFL uint
 
 	flBitmap uint64   // bit fl set: some list (fl, ·) is non-empty
-	slBitmap []uint64 // [fl] bit sl set: list (fl, sl) is non-empty
-	heads    []uint32 // [fl<<slLog2 | sl]: first free block of the list
+	// The lists are laid out for the largest configuration, 64 first-level
+	// by 64 second-level indexes (16 KiB of heads), whatever SLLog2 is:
+	// with list(fl, sl) = fl<<6 | sl and indexes masked to the array sizes,
+	// the compiler proves every access in bounds and checks none.
+	slBitmap [64]uint64     // [fl] bit sl set: list (fl, sl) is non-empty
+	heads    [64 * 64]uint32 // [list(fl, sl)]: first free block of the list
 
 	blocks []block     // every record, live or spare
 	spare  []uint32    // recycled record indexes
@@ -112,13 +116,11 @@ func New(cfg Config) (*Index, error) {
 		return nil, fmt.Errorf("%w: granularity × second-level lists exceeds MaxSize", ErrBadConfig)
 	}
 	x := &Index{
-		mapping: mapping{granLog2: g, slLog2: cfg.SLLog2, smallSize: 1 << (g + cfg.SLLog2)},
+		mapping: mapping{granLog2: g, slLog2: cfg.SLLog2, smallSize: 1 << (g + cfg.SLLog2), granMask: cfg.Granularity - 1},
 		gran:    cfg.Granularity,
 	}
 	fl, _ := x.insert(MaxSize)
 	x.numFL = fl + 1
-	x.slBitmap = make([]uint64, x.numFL)
-	x.heads = make([]uint32, x.numFL<<x.slLog2)
 	for i := range x.heads {
 		x.heads[i] = nilRec
 	}
@@ -166,11 +168,11 @@ func (x *Index) Alloc(size uint64) (Block, error) {
 		return Block{}, x.checkSize(size)
 	}
 	r := x.roundUp(size)
-	b, fl, sl := x.findSuitable(r)
+	b, i := x.findSuitable(r)
 	if b == nilRec {
 		return Block{}, ErrNoSpace
 	}
-	x.removeFree(b, fl, sl)
+	x.popHead(b, i)
 	x.splitTail(b, r)
 	return x.markAllocated(b), nil
 }
@@ -198,18 +200,18 @@ func (x *Index) AllocAligned(size, align uint64) (Block, error) {
 	if need > MaxSize {
 		return Block{}, ErrNoSpace
 	}
-	b, fl, sl := x.findSuitable(x.roundUp(need))
+	b, i := x.findSuitable(x.roundUp(need))
 	if b == nilRec {
 		return Block{}, ErrNoSpace
 	}
-	x.removeFree(b, fl, sl)
+	x.popHead(b, i)
 	if a := (x.blocks[b].addr + align - 1) &^ (align - 1); a != x.blocks[b].addr {
 		// Cut the head [addr, a) off and return it to the free lists. Its
 		// lower neighbour is allocated (no two free blocks are adjacent),
 		// so it needs no merge.
 		head := b
 		b = x.cut(head, a-x.blocks[head].addr)
-		x.insertFree(head)
+		x.link(head)
 	}
 	x.splitTail(b, r)
 	return x.markAllocated(b), nil
@@ -229,23 +231,27 @@ func (x *Index) Free(addr uint64) (Block, error) {
 		return Block{}, x.classifyBadAddress(addr)
 	}
 	b := uint32(r)
-	bk := &x.blocks[b]
+	bk := &x.blocks[b] // no record is added below: the pointers stay valid
 	freed := Block{Addr: addr, Size: bk.size, ID: b}
 	x.allocated -= bk.size
 	x.allocBlocks--
-	bk.prevFree = nilRec // free, not yet listed
 	x.freeBlocksN++
+	bk.prevFree = nilRec // free, not yet listed
 
-	if p := bk.prevPhys; p != nilRec && x.blocks[p].free() {
-		x.removeFreeBlock(p)
-		x.absorbNext(p)
-		b = p
+	if p := bk.prevPhys; p != nilRec { // block_merge_prev
+		if pk := &x.blocks[p]; pk.free() {
+			x.unlink(p)
+			x.absorb(p, pk, b, bk)
+			b, bk = p, pk
+		}
 	}
-	if n := x.blocks[b].nextPhys; n != nilRec && x.blocks[n].free() {
-		x.removeFreeBlock(n)
-		x.absorbNext(b)
+	if n := bk.nextPhys; n != nilRec { // block_merge_next
+		if nk := &x.blocks[n]; nk.free() {
+			x.unlink(n)
+			x.absorb(b, bk, n, nk)
+		}
 	}
-	x.insertFree(b)
+	x.link(b)
 	return freed, nil
 }
 
@@ -270,20 +276,22 @@ func (x *Index) public(b uint32) Block {
 
 // findSuitable returns the first block of the smallest non-empty list
 // whose class lower bound is at least size (a class boundary), with that
-// list's indexes, or nilRec (TLSF §3.3: two find-first-set operations).
-func (x *Index) findSuitable(size uint64) (b uint32, fl, sl uint) {
-	fl, sl = x.insert(size)
-	slMap := x.slBitmap[fl] & (^uint64(0) << sl)
+// list's index fl<<slLog2|sl, or nilRec (TLSF §3.3: two find-first-set
+// operations).
+func (x *Index) findSuitable(size uint64) (b uint32, list uint) {
+	fl, sl := x.insert(size)
+	slMap := x.slBitmap[fl&63] & (^uint64(0) << (sl & 63))
 	if slMap == 0 {
-		flMap := x.flBitmap & (^uint64(0) << (fl + 1))
+		// fl+1 ≤ numFL ≤ 63 here: numFL is at most 48.
+		flMap := x.flBitmap & (^uint64(0) << ((fl + 1) & 63))
 		if flMap == 0 {
-			return nilRec, 0, 0
+			return nilRec, 0
 		}
 		fl = uint(bits.TrailingZeros64(flMap))
-		slMap = x.slBitmap[fl]
+		slMap = x.slBitmap[fl&63]
 	}
-	sl = uint(bits.TrailingZeros64(slMap))
-	return x.heads[fl<<x.slLog2|sl], fl, sl
+	list = listIndex(fl, uint(bits.TrailingZeros64(slMap)))
+	return x.heads[list], list
 }
 
 // markAllocated turns free record b (out of the lists) into an allocated
@@ -302,7 +310,7 @@ func (x *Index) markAllocated(b uint32) Block {
 // puts the remainder, if any, in the free lists (block_split).
 func (x *Index) splitTail(b uint32, size uint64) {
 	if x.blocks[b].size > size {
-		x.insertFree(x.cut(b, size))
+		x.link(x.cut(b, size))
 	}
 }
 
@@ -330,21 +338,19 @@ func (x *Index) cut(b uint32, offset uint64) uint32 {
 	return n
 }
 
-// absorbNext merges record b's upper neighbour, free and out of the lists,
-// into b, and recycles the neighbour's record.
-func (x *Index) absorbNext(b uint32) {
-	bk := &x.blocks[b]
-	n := bk.nextPhys
-	nk := &x.blocks[n]
+// absorb merges record n, the free upper neighbour of record b, out of the
+// lists, into b, and recycles n's record. bk and nk point at the records.
+func (x *Index) absorb(b uint32, bk *block, n uint32, nk *block) {
 	bk.size += nk.size
-	bk.nextPhys = nk.nextPhys
-	if nk.nextPhys != nilRec {
-		x.blocks[nk.nextPhys].prevPhys = b
+	next := nk.nextPhys
+	bk.nextPhys = next
+	if next != nilRec {
+		x.blocks[next].prevPhys = b
 	} else {
 		x.setLast(bk.addr, b)
 	}
 	x.freeBlocksN--
-	x.recycle(n)
+	x.spare = append(x.spare, n)
 }
 
 func (x *Index) newRecord() uint32 {
@@ -353,49 +359,31 @@ func (x *Index) newRecord() uint32 {
 		x.spare = x.spare[:k-1]
 		return r
 	}
-	if len(x.blocks) >= int(nilRec) {
-		panic("tlsf: more than 2^32-1 block records")
+	if len(x.blocks) >= int(allocMark) {
+		panic("tlsf: more than 2^32-2 block records")
 	}
 	x.blocks = append(x.blocks, block{})
 	return uint32(len(x.blocks) - 1)
 }
 
-func (x *Index) recycle(r uint32) {
-	x.blocks[r] = block{prevPhys: nilRec, nextPhys: nilRec, prevFree: nilRec, nextFree: nilRec}
-	x.spare = append(x.spare, r)
-}
-
-// insertFree pushes free record b on the head of its list (mapping insert).
-func (x *Index) insertFree(b uint32) {
-	fl, sl := x.insert(x.blocks[b].size)
-	i := fl<<x.slLog2 | sl
-	head := x.heads[i]
+// link pushes free record b on the head of its list (mapping insert).
+func (x *Index) link(b uint32) {
 	bk := &x.blocks[b]
-	bk.prevFree = nilRec
-	bk.nextFree = head
+	fl, sl := x.insert(bk.size)
+	i := listIndex(fl, sl)
+	head := x.heads[i]
+	bk.prevFree, bk.nextFree = nilRec, head
 	if head != nilRec {
 		x.blocks[head].prevFree = b
 	}
 	x.heads[i] = b
-	x.slBitmap[fl] |= 1 << sl
-	x.flBitmap |= 1 << fl
+	x.slBitmap[fl&63] |= 1 << (sl & 63)
+	x.flBitmap |= 1 << (fl & 63)
 }
 
-// removeFreeBlock unlinks free record b from the list its size maps to.
-func (x *Index) removeFreeBlock(b uint32) {
-	fl, sl := x.insert(x.blocks[b].size)
-	x.removeFree(b, fl, sl)
-}
-
-// setLast records rec as the top block of the region containing addr.
-func (x *Index) setLast(addr uint64, rec uint32) {
-	s, _ := x.reg.find(addr)
-	x.reg.slots[s].last = rec
-}
-
-// removeFree unlinks free record b from list (fl, sl), clearing the
-// bitmaps' bits when the list empties.
-func (x *Index) removeFree(b uint32, fl, sl uint) {
+// unlink removes free record b from its list. Only a list's head needs the
+// list's index, computed from the size.
+func (x *Index) unlink(b uint32) {
 	bk := &x.blocks[b]
 	prev, next := bk.prevFree, bk.nextFree
 	if next != nilRec {
@@ -404,16 +392,45 @@ func (x *Index) removeFree(b uint32, fl, sl uint) {
 	if prev != nilRec {
 		x.blocks[prev].nextFree = next
 	} else {
-		i := fl<<x.slLog2 | sl
-		x.heads[i] = next
+		fl, sl := x.insert(bk.size)
+		x.heads[listIndex(fl, sl)] = next
 		if next == nilRec {
-			x.slBitmap[fl] &^= 1 << sl
-			if x.slBitmap[fl] == 0 {
-				x.flBitmap &^= 1 << fl
-			}
+			x.clearBit(fl, sl)
 		}
 	}
 	bk.prevFree, bk.nextFree = nilRec, nilRec
+}
+
+// popHead removes free record b, the head of list i.
+func (x *Index) popHead(b uint32, i uint) {
+	bk := &x.blocks[b]
+	next := bk.nextFree
+	x.heads[i&4095] = next
+	if next != nilRec {
+		x.blocks[next].prevFree = nilRec
+	} else {
+		x.clearBit(i>>6, i&63)
+	}
+	bk.nextFree = nilRec
+}
+
+// listIndex is the index in heads of list (fl, sl), below 4096.
+func listIndex(fl, sl uint) uint { return (fl<<6 | sl) & 4095 }
+
+// clearBit clears list (fl, sl)'s bit, now that it is empty, and fl's bit
+// if no list of fl is left.
+func (x *Index) clearBit(fl, sl uint) {
+	m := x.slBitmap[fl&63] &^ (1 << (sl & 63))
+	x.slBitmap[fl&63] = m
+	if m == 0 {
+		x.flBitmap &^= 1 << (fl & 63)
+	}
+}
+
+// setLast records rec as the top block of the region containing addr.
+func (x *Index) setLast(addr uint64, rec uint32) {
+	s, _ := x.reg.find(addr)
+	x.reg.slots[s].last = rec
 }
 
 // classifyBadAddress says why addr is not an allocated block's start.

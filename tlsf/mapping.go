@@ -17,10 +17,14 @@ import "math/bits"
 // first large power of two, t = g+s, steps by 2^(t-s) = G too.
 
 // mapping is the part of an Index's configuration the size classes need.
+//
+// Shift counts below are masked with &63: they never exceed 63, and the
+// mask spares the compiler the code Go needs for shifts of 64 or more.
 type mapping struct {
 	granLog2  uint   // g: log2 of the granularity
 	slLog2    uint   // s: log2 of the second-level list count
 	smallSize uint64 // 2^(g+s): the first size mapped by its highest bit
+	granMask  uint64 // 2^g − 1
 }
 
 // insert returns the list a free block of size bytes belongs to
@@ -28,10 +32,10 @@ type mapping struct {
 // at most MaxSize.
 func (m *mapping) insert(size uint64) (fl, sl uint) {
 	if size < m.smallSize {
-		return 0, uint(size >> m.granLog2)
+		return 0, uint(size >> (m.granLog2 & 63))
 	}
 	t := uint(bits.Len64(size)) - 1
-	sl = uint(size>>(t-m.slLog2)) ^ (1 << m.slLog2)
+	sl = uint(size>>((t-m.slLog2)&63)) ^ (1 << (m.slLog2 & 63))
 	fl = t - (m.granLog2 + m.slLog2) + 1
 	return fl, sl
 }
@@ -42,12 +46,11 @@ func (m *mapping) insert(size uint64) (fl, sl uint) {
 // The result is at most MaxSize, itself a class boundary.
 func (m *mapping) roundUp(size uint64) uint64 {
 	if size < m.smallSize {
-		g := uint64(1) << m.granLog2
-		return (size + g - 1) &^ (g - 1)
+		return (size + m.granMask) &^ m.granMask
 	}
 	t := uint(bits.Len64(size)) - 1
-	step := uint64(1) << (t - m.slLog2)
-	return (size + step - 1) &^ (step - 1)
+	mask := uint64(1)<<((t-m.slLog2)&63) - 1
+	return (size + mask) &^ mask
 }
 
 // classMin returns the smallest size in list (fl, sl).
@@ -67,5 +70,5 @@ func (m *mapping) classMin(fl, sl uint) uint64 {
 func (x *Index) SizeClass(size uint64) (class int, rounded uint64) {
 	rounded = x.roundUp(size)
 	fl, sl := x.insert(rounded)
-	return int(fl<<x.slLog2 | sl), rounded
+	return int(fl<<x.slLog2 | sl), rounded // dense: not listIndex
 }

@@ -22,15 +22,24 @@ type regionSet struct {
 	order []uint32 // slots in use, by increasing base
 }
 
-// find returns the slot of the region containing addr.
+// find returns the slot of the region containing addr. The index calls it
+// whenever the top block of a region changes, so it avoids sort.Search's
+// closure: a VMM pool's index has one region.
 func (s *regionSet) find(addr uint64) (uint32, bool) {
-	// The first region whose base is above addr; the one before it is the
-	// only candidate.
-	i := sort.Search(len(s.order), func(i int) bool { return s.slots[s.order[i]].base > addr })
-	if i == 0 {
+	// Binary search for the last region whose base is at most addr.
+	lo, hi := 0, len(s.order) // the answer is in [lo-1, hi)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if s.slots[s.order[m]].base <= addr {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo == 0 {
 		return 0, false
 	}
-	r := s.order[i-1]
+	r := s.order[lo-1]
 	if addr-s.slots[r].base < s.slots[r].size {
 		return r, true
 	}
@@ -108,7 +117,7 @@ func (x *Index) AddRegion(base, size uint64) error {
 	x.reg.order[pos] = slot
 	x.total += size
 	x.freeBlocksN++
-	x.insertFree(b)
+	x.link(b)
 	return nil
 }
 
@@ -138,9 +147,9 @@ func (x *Index) GrowRegion(base, extra uint64) error {
 		}
 	}
 	if last := r.last; x.blocks[last].free() {
-		x.removeFreeBlock(last)
+		x.unlink(last)
 		x.blocks[last].size += extra
-		x.insertFree(last)
+		x.link(last)
 	} else {
 		b := x.newRecord()
 		r = &x.reg.slots[slot]
@@ -149,7 +158,7 @@ func (x *Index) GrowRegion(base, extra uint64) error {
 		x.blocks[last].nextPhys = b
 		r.last = b
 		x.freeBlocksN++
-		x.insertFree(b)
+		x.link(b)
 	}
 	r.size += extra
 	x.total += extra
@@ -171,9 +180,9 @@ func (x *Index) RemoveRegion(base uint64) error {
 		return fmt.Errorf("%w: region at %#x has %d bytes allocated", ErrRegionBusy, base, x.regionAllocated(slot))
 	}
 	b := r.first // the only block: free, and merged with everything
-	x.removeFreeBlock(b)
+	x.unlink(b)
 	x.freeBlocksN--
-	x.recycle(b)
+	x.spare = append(x.spare, b)
 	x.total -= r.size
 	*r = region{}
 	x.reg.spare = append(x.reg.spare, slot)

@@ -80,33 +80,43 @@ func (m *Map) Put(key, val uint64) {
 	if 2*(m.n+1) > len(m.slots) {
 		m.grow()
 	}
+	slots, mask := m.slots, m.mask
 	i := m.home(key)
-	for m.slots[i].key != empty {
-		i = (i + 1) & m.mask
+	for slots[i].key != empty {
+		i = (i + 1) & mask
 	}
-	m.slots[i] = slot{key, val}
+	slots[i] = slot{key, val}
 	m.n++
 }
 
 // Take removes key and returns the value that was stored for it.
 func (m *Map) Take(key uint64) (uint64, bool) {
+	slots, mask := m.slots, m.mask
 	i := m.home(key)
-	for m.slots[i].key != key {
-		if m.slots[i].key == empty {
+	for {
+		k := slots[i].key
+		if k == key {
+			break
+		}
+		if k == empty {
 			return 0, false
 		}
-		i = (i + 1) & m.mask
+		i = (i + 1) & mask
 	}
-	val := m.slots[i].val
+	val := slots[i].val
 	// Backward shift: pull later entries of the cluster into the hole when
 	// the hole lies between their home slot and where they sit.
-	for j := (i + 1) & m.mask; m.slots[j].key != empty; j = (j + 1) & m.mask {
-		if (j-m.home(m.slots[j].key))&m.mask >= (j-i)&m.mask {
-			m.slots[i] = m.slots[j]
+	for j := (i + 1) & mask; ; j = (j + 1) & mask {
+		k := slots[j].key
+		if k == empty {
+			break
+		}
+		if (j-m.home(k))&mask >= (j-i)&mask {
+			slots[i] = slots[j]
 			i = j
 		}
 	}
-	m.slots[i].key = empty
+	slots[i].key = empty
 	m.n--
 	return val, true
 }
