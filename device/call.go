@@ -30,33 +30,44 @@ const (
 	CallMemsetD32
 	CallMemsetD32Async
 	CallMemcpyDtoH
+	// The stream-ordered allocator (AsyncAllocator, async.go).
+	CallMemAllocAsync
+	CallMemFreeAsync
+	CallMemPoolTrimTo
+	CallMemPoolGetAttribute
+	CallMemPoolSetAttribute
 	NumCalls // the number of Call kinds; not a call
 )
 
 var callNames = [NumCalls]string{
-	CallMemGetInfo:        "cuMemGetInfo",
-	CallMemAlloc:          "cuMemAlloc",
-	CallMemFree:           "cuMemFree",
-	CallMemAllocPitch:     "cuMemAllocPitch",
-	CallAddressReserve:    "cuMemAddressReserve",
-	CallAddressFree:       "cuMemAddressFree",
-	CallMemCreate:         "cuMemCreate",
-	CallMemRelease:        "cuMemRelease",
-	CallMemMap:            "cuMemMap",
-	CallMemUnmap:          "cuMemUnmap",
-	CallMemSetAccess:      "cuMemSetAccess",
-	CallStreamCreate:      "cuStreamCreate",
-	CallStreamDestroy:     "cuStreamDestroy",
-	CallStreamSynchronize: "cuStreamSynchronize",
-	CallStreamWaitEvent:   "cuStreamWaitEvent",
-	CallEventCreate:       "cuEventCreate",
-	CallEventDestroy:      "cuEventDestroy",
-	CallEventRecord:       "cuEventRecord",
-	CallEventQuery:        "cuEventQuery",
-	CallEventSynchronize:  "cuEventSynchronize",
-	CallMemsetD32:         "cuMemsetD32",
-	CallMemsetD32Async:    "cuMemsetD32Async",
-	CallMemcpyDtoH:        "cuMemcpyDtoH",
+	CallMemGetInfo:          "cuMemGetInfo",
+	CallMemAlloc:            "cuMemAlloc",
+	CallMemFree:             "cuMemFree",
+	CallMemAllocPitch:       "cuMemAllocPitch",
+	CallAddressReserve:      "cuMemAddressReserve",
+	CallAddressFree:         "cuMemAddressFree",
+	CallMemCreate:           "cuMemCreate",
+	CallMemRelease:          "cuMemRelease",
+	CallMemMap:              "cuMemMap",
+	CallMemUnmap:            "cuMemUnmap",
+	CallMemSetAccess:        "cuMemSetAccess",
+	CallStreamCreate:        "cuStreamCreate",
+	CallStreamDestroy:       "cuStreamDestroy",
+	CallStreamSynchronize:   "cuStreamSynchronize",
+	CallStreamWaitEvent:     "cuStreamWaitEvent",
+	CallEventCreate:         "cuEventCreate",
+	CallEventDestroy:        "cuEventDestroy",
+	CallEventRecord:         "cuEventRecord",
+	CallEventQuery:          "cuEventQuery",
+	CallEventSynchronize:    "cuEventSynchronize",
+	CallMemsetD32:           "cuMemsetD32",
+	CallMemsetD32Async:      "cuMemsetD32Async",
+	CallMemcpyDtoH:          "cuMemcpyDtoH",
+	CallMemAllocAsync:       "cuMemAllocAsync",
+	CallMemFreeAsync:        "cuMemFreeAsync",
+	CallMemPoolTrimTo:       "cuMemPoolTrimTo",
+	CallMemPoolGetAttribute: "cuMemPoolGetAttribute",
+	CallMemPoolSetAttribute: "cuMemPoolSetAttribute",
 }
 
 // String returns the driver entry point's name, e.g. "cuMemAlloc".

@@ -53,6 +53,7 @@ func runConformance(t *testing.T, d Device) {
 	t.Run("VMMRemapKeepsContents", func(t *testing.T) { confVMMRemapKeepsContents(t, d) })
 	t.Run("VMMErrors", func(t *testing.T) { confVMMErrors(t, d) })
 	t.Run("LinearAndVMMDisjoint", func(t *testing.T) { confLinearAndVMMDisjoint(t, d) })
+	t.Run("Async", func(t *testing.T) { confAsync(t, d) })
 }
 
 const confMiB = 1 << 20

@@ -82,6 +82,10 @@ type CUDADevice struct {
 
 	gran atomic.Uint64 // AllocationGranularity once known; 0 before
 
+	memPoolOnce sync.Once // finds the default memory pool (cuda_async.go)
+	memPool     uintptr   // CUmemoryPool; valid when memPoolErr is nil
+	memPoolErr  error
+
 	counts [NumCalls]atomic.Uint64
 
 	mu     sync.RWMutex // read-held by each driver call, write-held by Close

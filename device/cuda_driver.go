@@ -48,6 +48,7 @@ const (
 	cuEventDisableTiming    = 0x2 // CU_EVENT_DISABLE_TIMING
 	cuAttrTexturePitchAlign = 51  // CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT
 	cuAttrVMMSupported      = 102 // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+	cuAttrMemoryPools       = 115 // CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
 	cuMemAllocationPinned   = 0x1 // CU_MEM_ALLOCATION_TYPE_PINNED
 	cuMemHandleTypeNone     = 0x0 // CU_MEM_HANDLE_TYPE_NONE
 	cuMemLocationDevice     = 0x1 // CU_MEM_LOCATION_TYPE_DEVICE
@@ -115,6 +116,16 @@ type cuDriver struct {
 	cuMemsetD32                   cuSym
 	cuMemsetD32Async              cuSym
 	cuMemcpyDtoH                  cuSym
+
+	// Optional entry points (optionalSymbols): a zero addr means the
+	// driver lacks them, and the methods using them fail with
+	// ErrNotSupported.
+	cuMemAllocAsync           cuSym
+	cuMemFreeAsync            cuSym
+	cuDeviceGetDefaultMemPool cuSym
+	cuMemPoolTrimTo           cuSym
+	cuMemPoolGetAttribute     cuSym
+	cuMemPoolSetAttribute     cuSym
 }
 
 // symbols pairs each field with the exact exported name it resolves to.
@@ -165,6 +176,26 @@ func (d *cuDriver) symbols() []struct {
 	}
 }
 
+// optionalSymbols are the entry points of the stream-ordered allocator
+// (CUDA 11.2 on): a driver without them still loads, and AsyncAllocator's
+// methods then fail with ErrNotSupported.
+func (d *cuDriver) optionalSymbols() []struct {
+	sym  *cuSym
+	name string
+} {
+	return []struct {
+		sym  *cuSym
+		name string
+	}{
+		{&d.cuMemAllocAsync, "cuMemAllocAsync"},
+		{&d.cuMemFreeAsync, "cuMemFreeAsync"},
+		{&d.cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool"},
+		{&d.cuMemPoolTrimTo, "cuMemPoolTrimTo"},
+		{&d.cuMemPoolGetAttribute, "cuMemPoolGetAttribute"},
+		{&d.cuMemPoolSetAttribute, "cuMemPoolSetAttribute"},
+	}
+}
+
 var (
 	cuLoadOnce sync.Once
 	cuDrv      *cuDriver
@@ -195,6 +226,11 @@ func cuOpen(path string) (*cuDriver, error) {
 			continue
 		}
 		*s.sym = cuSym{name: s.name, addr: addr}
+	}
+	for _, s := range d.optionalSymbols() {
+		if addr, err := purego.Dlsym(lib, s.name); err == nil && addr != 0 {
+			*s.sym = cuSym{name: s.name, addr: addr}
+		}
 	}
 	if len(missing) > 0 {
 		// The handle stays open: a library whose constructors ran may not

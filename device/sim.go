@@ -173,6 +173,7 @@ type Sim struct {
 	host       simClock // what the host has seen complete
 	faults     simFaults
 	violations []string
+	apool      simAsyncPool // the default pool of MemAllocAsync (sim_async.go)
 }
 
 // NewSim returns the first process on a new simulated GPU configured by

@@ -30,7 +30,10 @@ package device
 //   - stream create/destroy 5 µs; synchronize, wait, event calls 1 µs
 //     (when nothing is pending: Sim does not model waiting);
 //   - memset: 2.5 µs launch plus bytes at 3 TB/s (HBM3e);
-//     cuMemcpyDtoH: 8 µs plus bytes at 25 GB/s (PCIe Gen5 x16, pageable).
+//     cuMemcpyDtoH: 8 µs plus bytes at 25 GB/s (PCIe Gen5 x16, pageable);
+//   - cuMemAllocAsync 1.1 µs and cuMemFreeAsync 1.2 µs (measured) when
+//     the pool has the memory; pool attribute calls and trims cost the
+//     overhead only, plus any release (sim_async.go).
 
 import (
 	"math"
@@ -148,6 +151,10 @@ func H200Latency() *Latency {
 		CallMemsetD32:         Bandwidth(2500*time.Nanosecond, 3e12),
 		CallMemsetD32Async:    Bandwidth(2500*time.Nanosecond, 3e12),
 		CallMemcpyDtoH:        Bandwidth(8*us, 25e9),
+		// Measured on the H200 (the pool's memory is already held; a
+		// growth or release adds cuMemCreate/cuMemRelease, sim_async.go).
+		CallMemAllocAsync: flat(1100 * time.Nanosecond),
+		CallMemFreeAsync:  flat(1200 * time.Nanosecond),
 	}
 	return l
 }

@@ -25,6 +25,7 @@ type simPhys struct {
 	maps     int       // live mappings of a handle
 	released bool      // MemRelease was called
 	freed    bool      // the memory is gone
+	async    bool      // from MemAllocAsync: charge counts in the async pool, not in Sim.used
 	mem      simShadow // contents, with SimConfig.Shadow
 }
 
@@ -202,6 +203,8 @@ func (s *Sim) MemFree(ptr uintptr) error {
 			return 0, simErr(c, ErrInvalidValue, "%#x is not allocated", ptr)
 		case r.ph == nil:
 			return 0, simErr(c, ErrInvalidValue, "%#x is inside a VMM reservation at %#x", ptr, r.start)
+		case r.ph.async:
+			return 0, simErr(c, ErrInvalidValue, "%#x was allocated by cuMemAllocAsync: free it with cuMemFreeAsync", ptr)
 		case r.start != ptr:
 			return 0, simErr(c, ErrInvalidValue, "%#x is inside the allocation at %#x, not its start", ptr, r.start)
 		}

@@ -40,7 +40,8 @@ func (s *Sim) SimTimeByCall() [NumCalls]time.Duration {
 
 // Used returns the capacity this process consumes, in bytes: linear
 // allocations (each rounded up to 512 bytes) plus MemCreate handles whose
-// memory is not yet freed (released handles still mapped included). It is
+// memory is not yet freed (released handles still mapped included) plus
+// what the async pool holds (sim_async.go). It is
 // what this process takes from MemGetInfo's free.
 func (s *Sim) Used() uint64 {
 	s.g.mu.Lock()
@@ -50,14 +51,14 @@ func (s *Sim) Used() uint64 {
 
 // Mapped returns the bytes of physical memory this process holds live:
 // linear allocations (rounded up to 512 bytes) plus MemCreate handles not
-// yet released, mapped or not. It falls short of Used by handles that are
+// yet released, mapped or not, plus what the async pool holds. It falls short of Used by handles that are
 // released but still mapped, which the driver frees at their last unmap.
 func (s *Sim) Mapped() uint64 {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	var n uint64
 	for _, r := range s.regions {
-		if r.ph != nil {
+		if r.ph != nil && !r.ph.async {
 			n += r.ph.charge
 		}
 	}
@@ -66,11 +67,12 @@ func (s *Sim) Mapped() uint64 {
 			n += ph.charge
 		}
 	}
-	return n
+	return n + s.apool.reserved
 }
 
 // LiveAllocations returns how many physical allocations this process holds:
-// linear allocations plus MemCreate handles whose memory is not yet freed.
+// linear allocations (MemAllocAsync's included) plus MemCreate handles
+// whose memory is not yet freed.
 func (s *Sim) LiveAllocations() int {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
@@ -90,9 +92,12 @@ func (s *Sim) linearCount() int {
 // SimStats is a snapshot of what one process holds. Byte counts are bytes.
 type SimStats struct {
 	Used            uint64 // as Used
-	LinearAllocs    int    // live linear allocations
+	LinearAllocs    int    // live linear allocations (MemAlloc, MemAllocPitch)
 	LinearBytes     uint64 // their requested sizes
 	LinearCharged   uint64 // their capacity, each rounded up to 512 bytes
+	AsyncAllocs     int    // live MemAllocAsync allocations
+	AsyncBytes      uint64 // their requested sizes
+	AsyncReserved   uint64 // capacity the async pool holds
 	Handles         int    // MemCreate handles whose memory is not freed
 	HandleBytes     uint64 // their sizes
 	ReleasedMapped  int    // of those, released but still mapped
@@ -115,14 +120,20 @@ func (s *Sim) Stats() SimStats {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	st := SimStats{
-		Used:        s.used,
-		Handles:     len(s.handles),
-		Events:      len(s.events),
-		Violations:  len(s.violations),
-		GPUUsed:     s.g.used,
-		GPUOccupied: s.g.occupied,
+		Used:          s.used,
+		Handles:       len(s.handles),
+		Events:        len(s.events),
+		Violations:    len(s.violations),
+		GPUUsed:       s.g.used,
+		GPUOccupied:   s.g.occupied,
+		AsyncReserved: s.apool.reserved,
 	}
 	for _, r := range s.regions {
+		if r.ph != nil && r.ph.async {
+			st.AsyncAllocs++
+			st.AsyncBytes += r.ph.size
+			continue
+		}
 		if r.ph != nil {
 			st.LinearAllocs++
 			st.LinearBytes += r.ph.size
@@ -244,7 +255,8 @@ func (s *Sim) Check() error {
 			fail("free ranges %#x and %#x overlap, touch or are unsorted", s.va.free[i-1].lo, s.va.free[i].lo)
 		}
 	}
-	var used uint64
+	var used, asyncLive uint64
+	var asyncN int
 	refs := map[*simPhys]int{}
 	for i, r := range s.regions {
 		tiles = append(tiles, simRange{r.start, r.end()})
@@ -256,7 +268,12 @@ func (s *Sim) Check() error {
 			if r.start%simLinearAlign != 0 || r.ph.charge != want || r.size != want || r.ph.freed {
 				fail("linear allocation at %#x: size %d, charge %d, region %d, freed %v", r.start, r.ph.size, r.ph.charge, r.size, r.ph.freed)
 			}
-			used += r.ph.charge
+			if r.ph.async {
+				asyncLive += r.ph.charge
+				asyncN++
+			} else {
+				used += r.ph.charge
+			}
 			if err := r.ph.mem.check(r.ph.size); err != nil {
 				fail("contents at %#x: %v", r.start, err)
 			}
@@ -309,6 +326,13 @@ func (s *Sim) Check() error {
 			fail("contents of handle %#x: %v", uint64(h), err)
 		}
 	}
+	// The async pool: granules that cover its live allocations.
+	if p := &s.apool; asyncLive != p.live || asyncN != p.allocs || p.live > p.reserved || p.reserved%s.cfg.Granularity != 0 ||
+		p.reservedHigh < p.reserved || p.liveHigh < p.live {
+		fail("async pool: live %d in %d (regions say %d in %d), reserved %d, highs %d/%d",
+			p.live, p.allocs, asyncLive, asyncN, p.reserved, p.reservedHigh, p.liveHigh)
+	}
+	used += s.apool.reserved
 	if used != s.used {
 		fail("process used %d, allocations add up to %d", s.used, used)
 	}

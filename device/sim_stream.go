@@ -312,7 +312,8 @@ func (s *Sim) StreamDestroy(h Stream) error {
 
 // StreamSynchronize completes all work issued on stream h
 // (cuStreamSynchronize): it lifts a hold on h, and on the streams whose
-// work h's work waits for, and runs that work. Errors: an unknown or
+// work h's work waits for, and runs that work. The async pool then
+// returns memory beyond its release threshold (sim_async.go). Errors: an unknown or
 // destroyed stream is ErrInvalidValue.
 func (s *Sim) StreamSynchronize(h Stream) error {
 	const c = CallStreamSynchronize
@@ -324,6 +325,7 @@ func (s *Sim) StreamSynchronize(h Stream) error {
 		st.held = false
 		s.complete(st, func() bool { return len(st.queue) == 0 })
 		s.host.join(st.clock)
+		s.asyncRelease(c, s.apool.threshold)
 		return 0, nil
 	})
 }
@@ -421,7 +423,8 @@ func (s *Sim) EventQuery(h Event) (done bool, err error) {
 }
 
 // EventSynchronize completes the work before event h's latest record
-// (cuEventSynchronize), lifting the holds that work waits behind. Errors:
+// (cuEventSynchronize), lifting the holds that work waits behind; the
+// async pool then returns memory beyond its release threshold. Errors:
 // an unknown or destroyed event is ErrInvalidValue.
 func (s *Sim) EventSynchronize(h Event) error {
 	const c = CallEventSynchronize
@@ -434,6 +437,7 @@ func (s *Sim) EventSynchronize(h Event) error {
 			s.complete(rec.st, func() bool { return rec.done })
 			s.host.join(rec.clock)
 		}
+		s.asyncRelease(c, s.apool.threshold)
 		return 0, nil
 	})
 }

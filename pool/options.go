@@ -95,8 +95,9 @@ type Options struct {
 	FreeFloorFraction float64
 
 	// VirtualSize is the size in bytes of a VMM pool's virtual address
-	// range (default: the device's total memory, rounded up to the
-	// granularity). No single VMM pool holds more.
+	// range (default: twice the device's total memory, rounded up to the
+	// granularity). It bounds the pool's address range, used or free: no
+	// single block is larger.
 	VirtualSize uint64
 	// SLLog2 is log2 of the index's second-level lists per power of two,
 	// 1 to tlsf.MaxSLLog2 (default 6: 64 lists, so good-fit rounding wastes

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+
+	"github.com/gpumem/tlsf/device"
 )
 
 // passthrough sends every request to the driver, keeping only what
@@ -91,7 +93,10 @@ func (t *passthrough) rounded(p *Pool, size uint64) uint64 {
 	return r
 }
 
-func (t *passthrough) free(p *Pool, ptr uintptr) error {
+// free frees ptr, last used on stream s. It synchronizes s first: the
+// driver's cuMemFree waits for the GPU too, but the pool does not lean on
+// that (the simulated device reports it as a violation).
+func (t *passthrough) free(p *Pool, ptr uintptr, s device.Stream) error {
 	size, ok := t.live[ptr]
 	if !ok {
 		if _, was := t.freed[ptr]; was {
@@ -103,6 +108,9 @@ func (t *passthrough) free(p *Pool, ptr uintptr) error {
 			}
 		}
 		return fmt.Errorf("%w: %#x", ErrUnknownPointer, ptr)
+	}
+	if err := p.dev.StreamSynchronize(s); err != nil {
+		return fmt.Errorf("pool: passthrough free of %#x on stream %#x: %w", ptr, uintptr(s), err)
 	}
 	if err := p.dev.MemFree(ptr); err != nil {
 		return fmt.Errorf("pool: passthrough free of %#x: %w", ptr, err)

@@ -521,7 +521,7 @@ func (p *Pool) freeLocked(ptr uintptr, s device.Stream) error {
 		return ErrClosed
 	}
 	if p.pt != nil {
-		return p.pt.free(p, ptr)
+		return p.pt.free(p, ptr, s)
 	}
 	b, err := p.x.Lookup(uint64(ptr))
 	if err != nil {

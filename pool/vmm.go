@@ -41,7 +41,10 @@ func newVMMHeap(dev *counted, x *tlsf.Index, vsize, total uint64) (*vmmHeap, err
 		return nil, err
 	}
 	if vsize == 0 {
-		vsize = total
+		// Twice the device: address space is cheap (the GPU's is 2^49
+		// bytes), and fragmentation of it must not end a pool that still
+		// has physical memory to map.
+		vsize = 2 * total
 	}
 	vsize = roundUp(vsize, gran)
 	base, err := dev.AddressReserve(vsize, gran)
@@ -245,7 +248,12 @@ func (h *vmmHeap) release(limit uint64) (uint64, error) {
 		if released >= limit {
 			break
 		}
-		n := min(r.n, (limit-released+h.gran-1)/h.gran)
+		// Whole pages covering what is left to release; limit may be
+		// math.MaxUint64 (release all), so do not round up past it.
+		n := r.n
+		if left := limit - released; left < n*h.gran {
+			n = (left + h.gran - 1) / h.gran
+		}
 		// Release the top of the run: the bottom may be cut off first.
 		if err := h.unmapRun(r.first+r.n-n, n); err != nil {
 			return released, err

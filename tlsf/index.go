@@ -77,12 +77,12 @@ type Index struct {
 	gran  uint64
 	numFL uint
 
-	flBitmap uint64   // bit fl set: some list (fl, ·) is non-empty
+	flBitmap uint64 // bit fl set: some list (fl, ·) is non-empty
 	// The lists are laid out for the largest configuration, 64 first-level
 	// by 64 second-level indexes (16 KiB of heads), whatever SLLog2 is:
 	// with list(fl, sl) = fl<<6 | sl and indexes masked to the array sizes,
 	// the compiler proves every access in bounds and checks none.
-	slBitmap [64]uint64     // [fl] bit sl set: list (fl, sl) is non-empty
+	slBitmap [64]uint64      // [fl] bit sl set: list (fl, sl) is non-empty
 	heads    [64 * 64]uint32 // [list(fl, sl)]: first free block of the list
 
 	blocks []block     // every record, live or spare
