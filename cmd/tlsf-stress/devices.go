@@ -1,0 +1,165 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/gpumem/tlsf/device"
+)
+
+// Device kinds, the values of --device.
+const (
+	deviceCUDA = "cuda"
+	deviceSim  = "sim"
+)
+
+// devices hands out the device replays and runs use: the CUDA GPU 0,
+// shared by every run and closed at the end, or a fresh simulated H200
+// per run, so that each run's figures start from an empty device.
+type devices struct {
+	kind string             // deviceCUDA or deviceSim
+	cuda *device.CUDADevice // when kind is deviceCUDA
+	sim  device.SimConfig   // when kind is deviceSim
+	note string             // why the simulated device was chosen, if it was not asked for
+}
+
+// openDevices resolves --device: "cuda" opens GPU 0 and fails without one;
+// "sim" uses the simulated device; "" tries the GPU and falls back to the
+// simulated device where there is no driver or no GPU. shadow keeps the
+// simulated memory's contents (verification needs it).
+func openDevices(g *globalFlags, shadow bool) (*devices, error) {
+	ds := &devices{kind: g.device, sim: device.SimConfig{Shadow: shadow, Capacity: uint64(g.simCapacity)}}
+	if ds.kind == deviceSim {
+		return ds, nil
+	}
+	d, err := device.CUDA(0)
+	switch {
+	case err == nil:
+		ds.kind, ds.cuda = deviceCUDA, d
+		return ds, nil
+	case ds.kind == "" && (errors.Is(err, device.ErrNoDriver) || errors.Is(err, device.ErrNoDevice)):
+		ds.kind = deviceSim
+		ds.note = fmt.Sprintf("no CUDA GPU (%v): using the simulated H200", err)
+		return ds, nil
+	}
+	return nil, fmt.Errorf("opening CUDA device 0: %w", err)
+}
+
+// get returns a device for one run and the function that ends its use: the
+// shared GPU, or a new simulated GPU.
+func (ds *devices) get() (device.Device, func()) {
+	if ds.kind == deviceCUDA {
+		return ds.cuda, func() {}
+	}
+	s := device.NewSim(ds.sim)
+	return s, func() { _ = s.Close() }
+}
+
+// name describes the device, e.g. "NVIDIA H200" or "Simulated H200".
+func (ds *devices) name() string {
+	if ds.kind == deviceCUDA {
+		return ds.cuda.Name()
+	}
+	if ds.sim.Name != "" {
+		return ds.sim.Name
+	}
+	return "Simulated H200"
+}
+
+// close releases the GPU, if one was opened.
+func (ds *devices) close() {
+	if ds.cuda != nil {
+		_ = ds.cuda.Close()
+	}
+}
+
+// sizeFlag is a byte count flag: a decimal integer with an optional
+// binary suffix (K, KiB, M, MiB, G, GiB, T, TiB; case-insensitive).
+type sizeFlag uint64
+
+func (f *sizeFlag) String() string { return strconv.FormatUint(uint64(*f), 10) }
+func (f *sizeFlag) Type() string   { return "bytes" }
+func (f *sizeFlag) Set(s string) error {
+	n, err := parseBytes(s)
+	if err != nil {
+		return err
+	}
+	*f = sizeFlag(n)
+	return nil
+}
+
+// parseBytes parses a byte count (see sizeFlag).
+func parseBytes(s string) (uint64, error) {
+	t := strings.ToLower(strings.TrimSpace(s))
+	mult := uint64(1)
+	for _, u := range []struct {
+		suffix string
+		shift  uint
+	}{{"kib", 10}, {"mib", 20}, {"gib", 30}, {"tib", 40}, {"k", 10}, {"m", 20}, {"g", 30}, {"t", 40}, {"b", 0}} {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), 1<<u.shift
+			break
+		}
+	}
+	n, err := strconv.ParseUint(t, 10, 64)
+	if err != nil || n > math.MaxUint64/mult {
+		return 0, fmt.Errorf("%q is not a byte count (an integer with an optional suffix KiB, MiB, GiB, TiB)", s)
+	}
+	return n * mult, nil
+}
+
+// capFlag is --cap and --max-live: bytes (see sizeFlag), or a fraction
+// of the device's total memory written with a decimal point, in (0, 1].
+type capFlag struct {
+	bytes    uint64
+	fraction float64
+}
+
+func (f *capFlag) String() string {
+	if f.fraction > 0 {
+		return strconv.FormatFloat(f.fraction, 'g', -1, 64)
+	}
+	return strconv.FormatUint(f.bytes, 10)
+}
+
+func (f *capFlag) Type() string { return "bytes|fraction" }
+
+func (f *capFlag) Set(s string) error {
+	if strings.Contains(s, ".") {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil || !(v > 0 && v <= 1) {
+			return fmt.Errorf("%q: a fraction must be in (0, 1]", s)
+		}
+		*f = capFlag{fraction: v}
+		return nil
+	}
+	n, err := parseBytes(s)
+	if err != nil {
+		return err
+	}
+	*f = capFlag{bytes: n}
+	return nil
+}
+
+// resolve returns the byte value for a device of total bytes (0: unset).
+func (f capFlag) resolve(total uint64) uint64 {
+	if f.fraction > 0 {
+		return uint64(f.fraction * float64(total))
+	}
+	return f.bytes
+}
+
+// set reports whether the flag was given a non-zero value.
+func (f capFlag) set() bool { return f.bytes > 0 || f.fraction > 0 }
+
+// deviceTotal returns the device's total memory in bytes.
+func deviceTotal(d device.Device) (uint64, error) {
+	_, total, err := d.MemGetInfo()
+	return total, err
+}
+
+// gib formats bytes as GiB with two decimals.
+func gib(n uint64) string { return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30)) }

@@ -1,0 +1,154 @@
+// Command tlsf-stress replays allocation traces through the TLSF device
+// memory pool (package pool) and its peers, and stress-tests the pool with
+// verified random workloads, on a CUDA GPU or on the simulated H200
+// (device.Sim).
+//
+// Usage:
+//
+//	tlsf-stress                        replay the embedded resnet50 trace with every backend
+//	tlsf-stress replay [flags] TRACE...
+//	tlsf-stress run [flags]
+//	tlsf-stress multi --procs K [flags]
+//
+// Every subcommand takes --device cuda|sim (default: cuda where a CUDA
+// driver and GPU 0 are found, else sim) and --sim-capacity BYTES (the
+// simulated GPU's memory; default an H200's 143771 MiB). Byte counts take
+// the suffixes KiB, MiB, GiB, TiB (or K, M, G, T; binary). A cap written
+// with a decimal point, such as 0.5, is a fraction of the device's total
+// memory.
+//
+// Without arguments the command replays the embedded resnet50 trace, the
+// richest of the three, with all four backends on the GPU, or on the
+// simulated device where there is none, and prints the table described
+// below. It needs nothing but the module: go run ./cmd/tlsf-stress.
+//
+// # Backends
+//
+//	tlsf-vmm      pool.BackendVMM: one virtual range, pages mapped on demand
+//	tlsf-chunks   pool.BackendChunks: cuMemAlloc'd chunks
+//	passthrough   pool.BackendPassthrough: cuMemAlloc/cuMemFree per block
+//	async         the driver's stream-ordered pool (cuMemAllocAsync,
+//	              cuMemFreeAsync; device.AsyncAllocator), with its release
+//	              threshold at the maximum so that it keeps freed memory
+//	              like a caching allocator, and trimmed when done
+//
+// With --cap, the pools are made with pool.Options.MaxBytes; the driver's
+// pool has no cap of its own, so the async backend occupies the rest of
+// the device's free memory with one cuMemAlloc instead. On the simulated
+// device, async is Sim's emulation of the driver's pool, which never
+// fragments (see device/sim_async.go): its figures are lower bounds.
+//
+// # replay
+//
+// replay [--backend LIST] [--cap BYTES|FRACTION] [--min-cap] [--json]
+// [--plot FILE] TRACE...
+//
+// A TRACE is a file, told apart by content (package trace): this
+// project's text format, a PyTorch memory snapshot pickle, or an RMM
+// logging_resource_adaptor CSV log, each plain or gzip; or the name of an
+// embedded trace (lstm, resnet50, tdnn). No TRACE means all embedded
+// traces. A malformed file is an error naming the file and the line (or
+// byte offset, or pickle element).
+//
+// Each trace is replayed twice per backend on one allocator on a fresh
+// device (on a GPU, the same device, with each allocator closed and the
+// driver's pool trimmed in between): the first replay warms the allocator
+// and the second is timed, so ns_per_op is the warm cost per alloc or
+// free, as are the peers' figures (trace.Baselines, measured on an H200)
+// that the table prints beside ours. Blocks a trace leaves live are freed
+// after each replay. Trace streams other than 0 map to streams created
+// for the replay. On the simulated device ns_per_op is host time only
+// (Sim never sleeps); device_ns_per_op adds the modelled driver time.
+//
+// --min-cap finds by bisection (replay.MinCap, to 2 MiB) the smallest cap
+// under which one replay on a fresh allocator has no failed allocation.
+// --plot FILE writes live bytes and each backend's reserved bytes over the
+// first replay (about 2000 samples) as SVG or PNG, by FILE's extension;
+// with several traces, to FILE-TRACE.ext each.
+//
+// With --json, replay prints one JSON object per line, per trace and
+// backend, with these fields (bytes are bytes, times ns):
+//
+//	trace                string   trace name ("resnet50")
+//	source               string   file, or data/NAME.trace.gz for an embedded trace
+//	format               string   "text", "pytorch-snapshot" or "rmm-csv"
+//	backend              string   tlsf-vmm, tlsf-chunks, passthrough or async
+//	device               string   device name ("NVIDIA H200", "Simulated H200")
+//	device_kind          string   "cuda" or "sim"
+//	ops                  int      operations of the timed replay (failed allocations and their frees excluded)
+//	peak_live_bytes      uint64   peak of live bytes as the trace sizes them (trace.PeakLive)
+//	peak_reserved_bytes  uint64   most device memory the allocator held, over both replays
+//	reserved_over_live   float64  peak_reserved_bytes / peak_live_bytes
+//	cap_bytes            uint64   the cap in force (0: none)
+//	min_cap_bytes        uint64   with --min-cap only: the smallest cap with no failed allocation
+//	min_cap_over_live    float64  with --min-cap only: min_cap_bytes / peak_live_bytes
+//	min_cap_runs         int      with --min-cap only: replays the bisection ran
+//	ns_per_op            float64  warm wall time per op (the second replay)
+//	cold_ns_per_op       float64  wall time per op of the first replay
+//	device_ns_per_op     float64  sim only: modelled driver time per op of the second replay
+//	device_calls         uint64   driver calls the allocator made, creation and both replays
+//	warm_device_calls    uint64   of those, during the timed replay
+//	device_calls_by_name object   driver entry point → calls, the non-zero ones
+//	failed_allocs        int      allocations that failed in the first replay
+//	warm_failed_allocs   int      allocations that failed in the second replay
+//	first_error          string   the first allocation error, if any (omitted otherwise)
+//
+// # run
+//
+// run [--backend B] [-g N] [--ops N] [--duration D] [--sizes SRC]
+// [--verify full|sampled|none] [--stream default|per-goroutine]
+// [--cap C] [--max-live C] [--slots N] [--seed N] [--json]
+//
+// N goroutines (default GOMAXPROCS) allocate and free blocks at random
+// for --ops operations (default 100000) or --duration, sizes drawn from a
+// trace's size distribution (--sizes NAME|FILE) or log-uniform between
+// --min-size and --max-size (default 256 B to 64 MiB), at most --slots
+// live blocks per goroutine and --max-live bytes in all (default a
+// quarter of the device). Every block is filled on the device with a
+// 32-bit pattern of its own (cuMemsetD32Async on the default stream or a
+// stream per goroutine) and read back before it is freed (cuMemcpyDtoH of
+// the whole block, or of its first, middle and last 4 KiB); every block
+// is also checked on the host against the address ranges of the live
+// blocks. Any corrupted word or overlap is reported with its addresses and
+// the blocks involved. At the end the allocator must hold nothing live
+// (no lost blocks) and pass its invariant check (pool.Check). On the
+// simulated device memory contents are simulated (SimConfig.Shadow), so
+// verification is real, and the simulator's violations (stream-order
+// misuse) are problems too. A progress bar is drawn on a terminal, plain
+// lines every --progress-interval otherwise. Out-of-memory errors are
+// counted, not failures.
+//
+// run --json prints one object: device, device_kind, backend, goroutines,
+// stream, verify, ops, allocs, frees, out_of_memory, elapsed_s, ops_per_s,
+// verified_blocks, verified_bytes, peak_live_bytes, peak_reserved_bytes,
+// cap_bytes, device_calls and device_calls_by_name (the allocator's),
+// workload_device_calls (fills, copies, syncs), pool (TLSF backends:
+// grows, releases, released_bytes, retries, out_of_memory, cached_bytes,
+// cached_blocks, fragmentation, reserved_bytes, at the end), problem_count,
+// problems (the first 20), error_count, errors, ok.
+//
+// # multi
+//
+// multi --procs K [--fraction F] [--oversubscribe X] [--exec] [run's flags]
+//
+// K processes share the device, each with a pool capped by
+// pool.Options.MaxFraction F (default 1/K), each running run's workload
+// with a live target of X (default 1.5) times total/K, so that together
+// they oversubscribe the device and meet out-of-memory errors, which must
+// be clean: no corruption, no lost blocks, no crash. On a GPU the command
+// re-executes itself K times (hidden subcommand multi-child); each child
+// prints its outcome as one JSON line, run's object plus proc, pid,
+// max_fraction and exit_status, and the parent prints a table (or, with
+// --json, the children's lines). A simulated GPU cannot span processes, so
+// on the simulated device the K processes are goroutines, each a
+// device.Sim process (Sim.NewProcess) sharing one simulated capacity;
+// --exec runs real children there too, each with a simulated GPU of its
+// own.
+//
+// # Exit status
+//
+// 0 when all went well; 1 for failures: corruption, overlaps, lost
+// blocks, unexpected errors, a crashed child, a replay whose free failed,
+// or allocations that failed in a replay without --cap (with --cap they
+// are the measurement); 2 for a bad command line.
+package main

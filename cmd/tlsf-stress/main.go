@@ -1,0 +1,111 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit statuses (see doc.go).
+const (
+	exitOK      = 0
+	exitFailed  = 1 // failed replays, corruption, lost blocks, errors
+	exitUsage   = 2 // bad flags or arguments
+	usageSuffix = "\nRun 'tlsf-stress --help' for usage."
+)
+
+// usageError is a command line the tool cannot run: exit status 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// errFailed reports a run that completed but found failures, already
+// described in its output: exit status 1 with no further message.
+var errFailed = errors.New("failures found")
+
+func main() {
+	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// execute runs the command line args (without the program name), writing
+// results to stdout and diagnostics to stderr, and returns the exit
+// status. Tests call it in-process.
+func execute(args []string, stdout, stderr io.Writer) int {
+	root := newRootCmd(stdout, stderr)
+	root.SetArgs(args)
+	err := root.Execute()
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, errFailed):
+		return exitFailed
+	case errors.As(err, new(usageError)):
+		fmt.Fprintf(stderr, "tlsf-stress: %v%s\n", err, usageSuffix)
+		return exitUsage
+	}
+	fmt.Fprintf(stderr, "tlsf-stress: %v\n", err)
+	return exitFailed
+}
+
+// globalFlags are the flags every subcommand takes.
+type globalFlags struct {
+	device      string   // "", "cuda" or "sim"
+	simCapacity sizeFlag // bytes of a simulated GPU; 0: an H200's
+}
+
+func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
+	g := &globalFlags{}
+	ro := &replayOpts{}
+	root := &cobra.Command{
+		Use:   "tlsf-stress",
+		Short: "Replay allocation traces through the TLSF GPU memory pool, and stress it",
+		Long: `tlsf-stress replays allocation traces through the TLSF device-memory pool and
+its peers (the driver's cuMemAlloc and cuMemAllocAsync), and stress-tests the
+pool with verified random workloads, on a CUDA GPU or on the simulated H200.
+
+Without a subcommand it replays the embedded ` + defaultTrace + ` trace with every
+backend, on the GPU when a CUDA driver is found and on the simulated device
+otherwise, and prints the summary.`,
+		Args:          wrapArgs(cobra.NoArgs),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ro.backends = allBackends
+			return runReplay(cmd, g, ro, []string{defaultTrace})
+		},
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.device, "device", "", "cuda or sim (default: cuda where a CUDA driver and GPU are found, else sim)")
+	pf.Var(&g.simCapacity, "sim-capacity", "memory of the simulated GPU in bytes (suffixes KiB, MiB, GiB, TiB) (default: an H200's 143771 MiB)")
+	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		switch g.device {
+		case "", deviceCUDA, deviceSim:
+			return nil
+		}
+		return usagef("--device %q: want cuda or sim", g.device)
+	}
+	root.AddCommand(newReplayCmd(g), newRunCmd(g), newMultiCmd(g), newMultiChildCmd(g))
+	root.CompletionOptions.DisableDefaultCmd = true
+	return root
+}
+
+// wrapArgs makes an argument validator's errors usage errors.
+func wrapArgs(f cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := f(cmd, args); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
+}

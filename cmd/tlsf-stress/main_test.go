@@ -1,0 +1,350 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"image/png"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gpumem/tlsf/internal/trace"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestMain lets the test binary stand in for the command when multi
+// re-executes itself (os.Executable is the test binary then).
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == multiChildCmd {
+		os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// cli runs the command in-process and returns its output and status.
+func cli(t *testing.T, args ...string) (stdout, stderr string, status int) {
+	t.Helper()
+	var o, e bytes.Buffer
+	status = execute(args, &o, &e)
+	return o.String(), e.String(), status
+}
+
+// jsonLines decodes one JSON object per line, keeping numbers as
+// json.Number so that integer fields can be told from float ones.
+func jsonLines(t *testing.T, s string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	sc := bufio.NewScanner(strings.NewReader(s))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		d := json.NewDecoder(bytes.NewReader(sc.Bytes()))
+		d.UseNumber()
+		var m map[string]any
+		require.NoError(t, d.Decode(&m), "line %q", sc.Text())
+		out = append(out, m)
+	}
+	return out
+}
+
+func TestUsageErrorsExit2(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown subcommand", []string{"frobnicate"}, "unknown command"},
+		{"unknown flag", []string{"replay", "--no-such-flag"}, "unknown flag"},
+		{"bad device", []string{"--device", "tpu"}, "--device"},
+		{"bad backend", []string{"replay", "--device", "sim", "--backend", "tlsf-vmm,jemalloc", "lstm"}, "jemalloc"},
+		{"repeated backend", []string{"replay", "--device", "sim", "--backend", "async,async", "lstm"}, "twice"},
+		{"cap not a number", []string{"replay", "--device", "sim", "--cap", "lots", "lstm"}, "byte count"},
+		{"cap fraction above 1", []string{"replay", "--device", "sim", "--cap", "1.5", "lstm"}, "(0, 1]"},
+		{"plot extension", []string{"replay", "--device", "sim", "--plot", "out.pdf", "lstm"}, ".svg or .png"},
+		{"run takes no arguments", []string{"run", "--device", "sim", "extra"}, "unknown command"},
+		{"run bad verify", []string{"run", "--device", "sim", "--verify", "some"}, "--verify"},
+		{"run bad stream", []string{"run", "--device", "sim", "--stream", "many"}, "--stream"},
+		{"run ops 0 without duration", []string{"run", "--device", "sim", "--ops", "0"}, "--duration"},
+		{"run goroutines 0", []string{"run", "--device", "sim", "-g", "0"}, "--goroutines"},
+		{"run min above max", []string{"run", "--device", "sim", "--min-size", "1MiB", "--max-size", "1KiB"}, "--min-size"},
+		{"run ops not a number", []string{"run", "--device", "sim", "--ops", "many"}, "invalid argument"},
+		{"multi procs 0", []string{"multi", "--device", "sim", "--procs", "0"}, "--procs"},
+		{"multi async", []string{"multi", "--device", "sim", "--backend", "async"}, "fraction policy"},
+		{"multi fraction", []string{"multi", "--device", "sim", "--fraction", "2"}, "--fraction"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errs, status := cli(t, tc.args...)
+			assert.Equal(t, exitUsage, status, "stdout %s\nstderr %s", out, errs)
+			assert.Contains(t, errs, tc.want)
+			assert.Contains(t, errs, "--help")
+		})
+	}
+}
+
+func TestHelpExits0(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"replay", "--help"}, {"run", "-h"}, {"multi", "--help"}} {
+		out, errs, status := cli(t, args...)
+		assert.Equal(t, exitOK, status, "%v: %s", args, errs)
+		assert.Contains(t, out, "Usage:", "%v", args)
+	}
+	out, _, _ := cli(t, "--help")
+	assert.NotContains(t, out, multiChildCmd, "the child subcommand is hidden")
+}
+
+// replaySchema is the --json schema of replay as doc.go documents it:
+// field → JSON type ("int" is a number without fraction or exponent).
+// Optional fields are those of --min-cap, device_ns_per_op (sim only) and
+// first_error.
+var replaySchema = map[string]string{
+	"trace": "string", "source": "string", "format": "string", "backend": "string",
+	"device": "string", "device_kind": "string", "ops": "int",
+	"peak_live_bytes": "int", "peak_reserved_bytes": "int", "reserved_over_live": "number",
+	"cap_bytes": "int", "min_cap_bytes": "int", "min_cap_over_live": "number", "min_cap_runs": "int",
+	"ns_per_op": "number", "cold_ns_per_op": "number", "device_ns_per_op": "number",
+	"device_calls": "int", "warm_device_calls": "int", "device_calls_by_name": "object",
+	"failed_allocs": "int", "warm_failed_allocs": "int", "first_error": "string",
+}
+
+var replayOptional = map[string]bool{
+	"min_cap_bytes": true, "min_cap_over_live": true, "min_cap_runs": true,
+	"device_ns_per_op": true, "first_error": true,
+}
+
+// checkSchema asserts that m has every required field of schema, no field
+// outside it, and every field of its type.
+func checkSchema(t *testing.T, m map[string]any, schema map[string]string, optional map[string]bool) {
+	t.Helper()
+	for k, typ := range schema {
+		v, ok := m[k]
+		if !ok {
+			assert.True(t, optional[k], "field %q missing", k)
+			continue
+		}
+		switch typ {
+		case "string":
+			assert.IsType(t, "", v, k)
+		case "object":
+			assert.IsType(t, map[string]any{}, v, k)
+		case "int", "number":
+			n, ok := v.(json.Number)
+			if !assert.True(t, ok, "%s: %T is not a number", k, v) {
+				continue
+			}
+			if typ == "int" {
+				assert.False(t, strings.ContainsAny(n.String(), ".eE-"), "%s = %s is not a non-negative integer", k, n)
+			} else {
+				_, err := n.Float64()
+				assert.NoError(t, err, k)
+			}
+		}
+	}
+	for k := range m {
+		_, ok := schema[k]
+		assert.True(t, ok, "field %q is not in the documented schema", k)
+	}
+}
+
+func TestReplayJSONSchema(t *testing.T) {
+	out, errs, status := cli(t, "replay", "--device", "sim", "--json", "--min-cap", "--backend", "tlsf-chunks,async", "lstm")
+	require.Equal(t, exitOK, status, errs)
+	lines := jsonLines(t, out)
+	require.Len(t, lines, 2, "one object per trace and backend")
+	for i, m := range lines {
+		checkSchema(t, m, replaySchema, replayOptional)
+		assert.Equal(t, []string{"tlsf-chunks", "async"}[i], m["backend"])
+		assert.Equal(t, "lstm", m["trace"])
+		assert.Equal(t, "text", m["format"])
+		assert.Equal(t, "sim", m["device_kind"])
+		assert.Contains(t, m, "min_cap_bytes")
+		assert.Contains(t, m, "min_cap_over_live")
+		assert.Contains(t, m, "device_ns_per_op", "sim runs report the modelled driver time")
+		r := decodeReplay(t, out)[i]
+		assert.GreaterOrEqual(t, *r.MinCapOverLive, 1.0, "no cap below peak live can work")
+		assert.Less(t, *r.MinCapOverLive, 1.3)
+		assert.LessOrEqual(t, *r.MinCapBytes, r.PeakReservedBytes+minCapStep)
+	}
+
+	// Without --min-cap its fields are absent.
+	out, errs, status = cli(t, "replay", "--device", "sim", "--json", "--backend", "tlsf-chunks", "lstm")
+	require.Equal(t, exitOK, status, errs)
+	for _, m := range jsonLines(t, out) {
+		checkSchema(t, m, replaySchema, replayOptional)
+		assert.NotContains(t, m, "min_cap_bytes")
+		assert.NotContains(t, m, "min_cap_over_live")
+	}
+}
+
+// decodeReplay decodes --json output into results.
+func decodeReplay(t *testing.T, out string) []*replayResult {
+	t.Helper()
+	var rs []*replayResult
+	d := json.NewDecoder(strings.NewReader(out))
+	for {
+		r := &replayResult{}
+		err := d.Decode(r)
+		if errors.Is(err, io.EOF) {
+			return rs
+		}
+		require.NoError(t, err)
+		rs = append(rs, r)
+	}
+}
+
+// TestReplayEmbeddedTracesSim replays every embedded trace but resnet50
+// (which TestDefaultReplaysResnet50 covers) with all four backends.
+func TestReplayEmbeddedTracesSim(t *testing.T) {
+	for _, name := range trace.Names() {
+		if name == defaultTrace {
+			continue
+		}
+		t.Run(name, func(t *testing.T) {
+			out, errs, status := cli(t, "replay", "--device", "sim", "--json", name)
+			require.Equal(t, exitOK, status, errs)
+			rs := decodeReplay(t, out)
+			require.Len(t, rs, len(allBackends))
+			tr, err := trace.Load(name)
+			require.NoError(t, err)
+			for i, r := range rs {
+				assert.Equal(t, allBackends[i], r.Backend)
+				assert.Zero(t, r.FailedAllocs, r.Backend)
+				assert.Zero(t, r.WarmFailedAllocs, r.Backend)
+				assert.Equal(t, tr.PeakLive(), r.PeakLiveBytes)
+				assert.Equal(t, len(tr.Ops), r.Ops, "%s: every op replayed", r.Backend)
+				assert.GreaterOrEqual(t, r.ReservedOverLive, 0.99, r.Backend)
+				assert.Less(t, r.ReservedOverLive, 2.0, r.Backend)
+				assert.Positive(t, r.DeviceCalls, r.Backend)
+				assert.Positive(t, r.NsPerOp, r.Backend)
+			}
+		})
+	}
+}
+
+// TestDefaultReplaysResnet50: no subcommand replays the embedded resnet50
+// trace with every backend and prints the table with the peers' figures.
+func TestDefaultReplaysResnet50(t *testing.T) {
+	out, errs, status := cli(t, "--device", "sim")
+	require.Equal(t, exitOK, status, errs)
+	for _, be := range allBackends {
+		assert.Regexp(t, `resnet50\s+`+be+`\s+42915\s`, out)
+	}
+	assert.Contains(t, out, "peer torch")
+	assert.Contains(t, out, "warm")
+	assert.Contains(t, out, "Simulated H200")
+}
+
+func TestReplayMalformedFileNamesFileAndLine(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.trace")
+	require.NoError(t, os.WriteFile(bad, []byte("# a trace\na 1 4096 0\nf 2\n"), 0o644))
+	out, errs, status := cli(t, "replay", "--device", "sim", bad)
+	assert.Equal(t, exitFailed, status, out)
+	assert.Contains(t, errs, bad+":3:")
+
+	csv := filepath.Join(dir, "bad.csv")
+	require.NoError(t, os.WriteFile(csv, []byte("Thread,Time,Action,Pointer,Size,Stream\n1,2,allocate,0x10,zz,0x0\n"), 0o644))
+	_, errs, status = cli(t, "replay", "--device", "sim", csv)
+	assert.Equal(t, exitFailed, status)
+	assert.Contains(t, errs, csv+":2:")
+
+	_, errs, status = cli(t, "replay", "--device", "sim", filepath.Join(dir, "missing.trace"))
+	assert.Equal(t, exitFailed, status)
+	assert.Contains(t, errs, "no such file")
+}
+
+func TestReplayDetectsFormats(t *testing.T) {
+	for _, f := range []struct{ file, format string }{
+		{"small.snapshot.pickle", "pytorch-snapshot"},
+		{"rmm_small.csv", "rmm-csv"},
+		{"small.trace", "text"},
+	} {
+		out, errs, status := cli(t, "replay", "--device", "sim", "--json", "--backend", "tlsf-vmm",
+			filepath.Join("..", "..", "internal", "trace", "testdata", f.file))
+		require.Equal(t, exitOK, status, errs)
+		rs := decodeReplay(t, out)
+		require.Len(t, rs, 1)
+		assert.Equal(t, f.format, rs[0].Format, f.file)
+		assert.Positive(t, rs[0].Ops, f.file)
+	}
+}
+
+func TestReplayPlot(t *testing.T) {
+	dir := t.TempDir()
+	svg := filepath.Join(dir, "lstm.svg")
+	_, errs, status := cli(t, "replay", "--device", "sim", "--backend", "tlsf-vmm,passthrough", "--plot", svg, "lstm")
+	require.Equal(t, exitOK, status, errs)
+	b, err := os.ReadFile(svg)
+	require.NoError(t, err)
+	d := xml.NewDecoder(bytes.NewReader(b))
+	root := ""
+	for {
+		tok, err := d.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err, "the SVG is well-formed XML")
+		if se, ok := tok.(xml.StartElement); ok && root == "" {
+			root = se.Name.Local
+		}
+	}
+	assert.Equal(t, "svg", root)
+	assert.Contains(t, string(b), "reserved: tlsf-vmm")
+	assert.Contains(t, string(b), "reserved: passthrough")
+
+	// PNG, and one file per trace with several traces.
+	pngBase := filepath.Join(dir, "all.png")
+	_, errs, status = cli(t, "replay", "--device", "sim", "--backend", "tlsf-chunks", "--plot", pngBase, "lstm", "tdnn")
+	require.Equal(t, exitOK, status, errs)
+	for _, name := range []string{"all-lstm.png", "all-tdnn.png"} {
+		f, err := os.Open(filepath.Join(dir, name))
+		require.NoError(t, err)
+		_, err = png.Decode(f)
+		f.Close()
+		assert.NoError(t, err, name)
+	}
+}
+
+func TestReplayCapFailsAllocationsAndIsNotAnError(t *testing.T) {
+	out, errs, status := cli(t, "replay", "--device", "sim", "--json", "--cap", "1GiB", "--backend", "tlsf-vmm,async", "lstm")
+	require.Equal(t, exitOK, status, "with a cap, failures are the measurement: %s", errs)
+	for _, r := range decodeReplay(t, out) {
+		assert.Positive(t, r.FailedAllocs, r.Backend)
+		assert.Equal(t, uint64(1<<30), r.CapBytes)
+		assert.NotEmpty(t, r.FirstError)
+		assert.LessOrEqual(t, r.PeakReservedBytes, uint64(1<<30)+minCapStep, r.Backend)
+	}
+	// Without a cap, a device too small for the trace is a failure.
+	_, _, status = cli(t, "replay", "--device", "sim", "--sim-capacity", "1GiB", "--backend", "tlsf-chunks", "lstm")
+	assert.Equal(t, exitFailed, status)
+}
+
+func TestParseBytesAndCaps(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want uint64
+		ok   bool
+	}{
+		{"4096", 4096, true}, {"2KiB", 2048, true}, {"3 MiB", 3 << 20, true}, {"1g", 1 << 30, true},
+		{"2TiB", 2 << 40, true}, {"7b", 7, true}, {"", 0, false}, {"-1", 0, false}, {"1.5GiB", 0, false},
+		{"99999999999TiB", 0, false},
+	} {
+		got, err := parseBytes(tc.in)
+		if tc.ok {
+			assert.NoError(t, err, tc.in)
+			assert.Equal(t, tc.want, got, tc.in)
+		} else {
+			assert.Error(t, err, tc.in)
+		}
+	}
+	var c capFlag
+	require.NoError(t, c.Set("0.25"))
+	assert.Equal(t, uint64(250), c.resolve(1000))
+	require.NoError(t, c.Set("1GiB"))
+	assert.Equal(t, uint64(1<<30), c.resolve(1000))
+	assert.Error(t, c.Set("0.0"))
+	assert.Error(t, c.Set("1.01"))
+}

@@ -1,0 +1,410 @@
+package main
+
+// multi: K processes on one GPU, each with a pool capped by a fraction
+// policy (pool.Options.MaxFraction), each running the stress workload with
+// a live-byte target above its share, so that together they oversubscribe
+// the device. What must hold: every process ends with clean
+// out-of-memory errors (counted), no corruption, no lost blocks, no
+// crash.
+//
+// On a GPU the K processes are real: the command re-executes itself
+// (os.Executable) K times with the hidden subcommand multi-child, and
+// reads one JSON line from each child's standard output. A simulated GPU
+// cannot be shared between processes, so on the simulated device the K
+// "processes" are goroutines, each on its own device.Sim process handle
+// (Sim.NewProcess) of one simulated GPU: separate address spaces and
+// handles, one shared capacity, which is what the fraction policy reacts
+// to. --exec forces real child processes on the simulated device too;
+// each child then has a simulated GPU of its own, so nothing is shared and
+// only the plumbing is tested.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+
+	"github.com/gpumem/tlsf/device"
+	"github.com/spf13/cobra"
+)
+
+// multiChildCmd is the hidden subcommand a multi child runs.
+const multiChildCmd = "multi-child"
+
+// defaultMultiOps is each child's number of operations by default.
+const defaultMultiOps = 20_000
+
+type multiOpts struct {
+	workloadFlags
+	procs         int
+	fraction      float64
+	oversubscribe float64
+	exec          bool
+}
+
+func newMultiCmd(g *globalFlags) *cobra.Command {
+	o := &multiOpts{}
+	cmd := &cobra.Command{
+		Use:   "multi --procs K [flags]",
+		Short: "K processes share one GPU, each pool capped by a fraction; oversubscribed, they must fail cleanly",
+		Long: `Run K processes on one GPU, each with a pool whose reserved memory is capped at
+--fraction (default 1/K) of the memory available to it, each running the
+stress workload of 'run' with a live-byte target of --oversubscribe times its
+share of the device (block sizes log-uniform between 1/4096 and 1/16 of that
+target unless --sizes names a trace). Together they ask for more memory than
+there is: out-of-memory errors are expected and counted; corruption, lost
+blocks, other errors or a crashed process are failures (exit status 1).
+
+On a GPU the processes are real child processes. On the simulated device they
+are goroutines, each a separate simulated process (device.Sim.NewProcess) on
+one simulated GPU whose capacity they share; --exec runs real child processes
+there too, each with its own simulated GPU.`,
+		Args: wrapArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			if o.procs < 1 {
+				return usagef("--procs %d: want at least 1", o.procs)
+			}
+			if o.fraction == 0 {
+				o.fraction = 1 / float64(o.procs)
+			}
+			if !(o.fraction > 0 && o.fraction <= 1) {
+				return usagef("--fraction %v: want a fraction in (0, 1]", o.fraction)
+			}
+			if !(o.oversubscribe > 0) {
+				return usagef("--oversubscribe %v: want a positive factor", o.oversubscribe)
+			}
+			if o.backend == backendAsync {
+				return usagef("--backend async: the driver's pool has no fraction policy; multi takes tlsf-vmm, tlsf-chunks or passthrough")
+			}
+			return runMulti(cmd, g, o)
+		},
+	}
+	o.register(cmd, defaultMultiOps)
+	f := cmd.Flags()
+	f.IntVar(&o.procs, "procs", 2, "number of processes")
+	f.Float64Var(&o.fraction, "fraction", 0, "each pool's MaxFraction (default 1/procs)")
+	f.Float64Var(&o.oversubscribe, "oversubscribe", 1.5, "each process's live-byte target, in multiples of its share (total memory / procs)")
+	f.BoolVar(&o.exec, "exec", false, "on the simulated device, run real child processes (each with its own simulated GPU)")
+	for _, name := range []string{"max-live", "min-size", "max-size"} {
+		_ = f.MarkHidden(name) // multi derives them from --oversubscribe
+	}
+	return cmd
+}
+
+// childResult is the JSON line a multi child reports: its index, process
+// ID and fraction, then run's outcome (runResult, inlined).
+type childResult struct {
+	Proc        int     `json:"proc"`
+	PID         int     `json:"pid"`
+	MaxFraction float64 `json:"max_fraction"`
+	ExitStatus  int     `json:"exit_status"`
+	*runResult
+}
+
+// childOpts are what the parent tells a child.
+type childOpts struct {
+	workloadFlags
+	index    int
+	fraction float64
+}
+
+// args are the command line of a child process.
+func (o *childOpts) args(g *globalFlags, kind string) []string {
+	a := []string{multiChildCmd,
+		"--index", strconv.Itoa(o.index), "--fraction", strconv.FormatFloat(o.fraction, 'g', -1, 64),
+		"--device", kind, "--backend", o.backend, "--goroutines", strconv.Itoa(o.goroutines),
+		"--ops", strconv.FormatInt(o.ops, 10), "--duration", o.duration.String(), "--sizes", o.sizes,
+		"--min-size", o.minSize.String(), "--max-size", o.maxSize.String(), "--slots", strconv.Itoa(o.slots),
+		"--max-live", o.maxLive.String(), "--verify", o.verify, "--stream", o.stream,
+		"--seed", strconv.FormatUint(o.seed, 10), "--progress-interval", "0",
+	}
+	if g.simCapacity > 0 {
+		a = append(a, "--sim-capacity", g.simCapacity.String())
+	}
+	return a
+}
+
+func newMultiChildCmd(g *globalFlags) *cobra.Command {
+	o := &childOpts{}
+	cmd := &cobra.Command{
+		Use:    multiChildCmd,
+		Short:  "one process of multi (internal)",
+		Hidden: true,
+		Args:   wrapArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			ds, err := openDevices(g, true)
+			if err != nil {
+				return err
+			}
+			defer ds.close()
+			dev, release := ds.get()
+			defer release()
+			res := runChild(cmd.Context(), ds, dev, o)
+			if err := json.NewEncoder(cmd.OutOrStdout()).Encode(res); err != nil {
+				return err
+			}
+			if !res.OK {
+				return errFailed
+			}
+			return nil
+		},
+	}
+	o.register(cmd, defaultMultiOps)
+	f := cmd.Flags()
+	f.IntVar(&o.index, "index", 0, "this child's index")
+	f.Float64Var(&o.fraction, "fraction", 1, "the pool's MaxFraction")
+	return cmd
+}
+
+// runChild runs one process's share of multi on dev and returns its
+// outcome; a panic becomes a reported error, not a crash of the parent.
+func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts) (res *childResult) {
+	res = &childResult{Proc: o.index, PID: os.Getpid(), MaxFraction: o.fraction}
+	fail := func(format string, args ...any) {
+		if res.runResult == nil {
+			res.runResult = &runResult{Device: dev.Name(), DeviceKind: ds.kind, Backend: o.backend, Problems: []string{}, Errors: []string{}}
+		}
+		res.ErrorCount++
+		res.Errors = append(res.Errors, fmt.Sprintf(format, args...))
+		res.OK = false
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			fail("panic: %v", p)
+		}
+	}()
+	total, err := deviceTotal(dev)
+	if err != nil {
+		fail("%v", err)
+		return res
+	}
+	cfg, err := o.config(total)
+	if err != nil {
+		fail("%v", err)
+		return res
+	}
+	a, err := newAllocator(dev, o.backend, allocOptions{maxFraction: o.fraction})
+	if err != nil {
+		fail("%v", err)
+		return res
+	}
+	rep := newStress(ctx, dev, a, cfg).run()
+	res.runResult = summarize(ds, dev, a, &o.workloadFlags, rep)
+	if err := a.close(); err != nil {
+		fail("closing the pool: %v", err)
+	}
+	if sim, ok := dev.(*device.Sim); ok {
+		if used := sim.Used(); used != 0 {
+			res.ProblemCount++
+			res.Problems = append(res.Problems, fmt.Sprintf("lost memory: the process holds %d bytes of the simulated GPU after closing its pool", used))
+			res.OK = false
+		}
+	}
+	return res
+}
+
+func runMulti(cmd *cobra.Command, g *globalFlags, o *multiOpts) error {
+	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	ds, err := openDevices(g, true)
+	if err != nil {
+		return err
+	}
+	if ds.note != "" {
+		fmt.Fprintln(errw, "tlsf-stress:", ds.note)
+	}
+	// The children's workload: a live-byte target above the share.
+	base, release := ds.get()
+	total, err := deviceTotal(base)
+	if err != nil {
+		release()
+		ds.close()
+		return err
+	}
+	target := uint64(o.oversubscribe * float64(total) / float64(o.procs))
+	co := childOpts{workloadFlags: o.workloadFlags, fraction: o.fraction}
+	co.maxLive = capFlag{bytes: target}
+	if o.sizes == "log-uniform" {
+		co.minSize, co.maxSize = sizeFlag(max(256, target/4096)), sizeFlag(max(256, target/16))
+	}
+
+	results := make([]*childResult, o.procs)
+	if ds.kind == deviceSim && !o.exec {
+		sim := base.(*device.Sim)
+		var wg sync.WaitGroup
+		for i := range o.procs {
+			c := co
+			c.index, c.seed = i, o.seed+uint64(i)
+			dev := sim
+			if i > 0 {
+				dev = sim.NewProcess()
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i] = runChild(cmd.Context(), ds, dev, &c)
+			}()
+		}
+		wg.Wait()
+		release()
+		ds.close()
+	} else {
+		// Real processes: the parent lets go of the GPU first.
+		release()
+		ds.close()
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("finding this program to re-execute: %w", err)
+		}
+		var wg sync.WaitGroup
+		for i := range o.procs {
+			c := co
+			c.index, c.seed = i, o.seed+uint64(i)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i] = execChild(cmd.Context(), exe, c.args(g, ds.kind), i, errw)
+			}()
+		}
+		wg.Wait()
+	}
+
+	ok := true
+	for _, r := range results {
+		ok = ok && r.OK
+		if o.json {
+			if err := json.NewEncoder(out).Encode(r); err != nil {
+				return err
+			}
+		}
+	}
+	if !o.json {
+		printMulti(out, ds, o, target, results)
+	}
+	if !ok {
+		return errFailed
+	}
+	return nil
+}
+
+// execChild runs one child process and returns the outcome it reported;
+// a child that crashed or reported nothing gets an outcome saying so.
+func execChild(ctx context.Context, exe string, args []string, index int, errw io.Writer) *childResult {
+	cmd := exec.CommandContext(ctx, exe, args...)
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	cmd.Stderr = &prefixWriter{w: errw, prefix: fmt.Sprintf("[proc %d] ", index)}
+	err := cmd.Run()
+	status := 0
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		status = ee.ExitCode()
+	case err != nil:
+		return failedChild(index, -1, fmt.Sprintf("starting the child: %v", err))
+	}
+	var res *childResult
+	sc := bufio.NewScanner(&stdout)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) > 0 && line[0] == '{' {
+			// runResult is unexported, so json cannot allocate it.
+			r := &childResult{runResult: &runResult{}}
+			if json.Unmarshal(line, r) == nil && r.Device != "" {
+				res = r
+			}
+		}
+	}
+	if res == nil {
+		return failedChild(index, status, fmt.Sprintf("the child exited with status %d without reporting an outcome (crashed?)", status))
+	}
+	res.ExitStatus = status
+	if status != exitOK && status != exitFailed {
+		res.OK = false
+		res.ErrorCount++
+		res.Errors = append(res.Errors, fmt.Sprintf("the child exited with status %d", status))
+	}
+	return res
+}
+
+func failedChild(index, status int, msg string) *childResult {
+	return &childResult{Proc: index, ExitStatus: status, runResult: &runResult{
+		ErrorCount: 1, Errors: []string{msg}, Problems: []string{},
+	}}
+}
+
+// prefixWriter writes each line with a prefix; safe for concurrent use by
+// the children sharing one writer.
+type prefixWriter struct {
+	w      io.Writer
+	prefix string
+	buf    []byte
+}
+
+var prefixMu sync.Mutex
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	prefixMu.Lock()
+	defer prefixMu.Unlock()
+	p.buf = append(p.buf, b...)
+	for {
+		i := bytes.IndexByte(p.buf, '\n')
+		if i < 0 {
+			break
+		}
+		if _, err := fmt.Fprintf(p.w, "%s%s\n", p.prefix, p.buf[:i]); err != nil {
+			return 0, err
+		}
+		p.buf = p.buf[i+1:]
+	}
+	return len(b), nil
+}
+
+func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results []*childResult) {
+	how := "child processes"
+	if ds.kind == deviceSim && !o.exec {
+		how = "simulated processes sharing one simulated GPU"
+	}
+	fmt.Fprintf(w, "multi: %d %s on %s (%s), backend %s, MaxFraction %.3f each, live target %s each (%.2f× a share)\n",
+		o.procs, how, ds.name(), ds.kind, o.backend, o.fraction, gib(target), o.oversubscribe)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "proc\tpid\tops\tallocs\tfrees\tout of memory\tpeak live\tpeak reserved\tproblems\terrors\tstatus\t")
+	var ooms int64
+	for _, r := range results {
+		status := "ok"
+		if !r.OK {
+			status = "FAILED"
+		}
+		ooms += r.OutOfMemory
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\t%d\t%s\t\n", r.Proc, r.PID, r.Ops, r.Allocs, r.Frees, r.OutOfMemory,
+			gib(r.PeakLiveBytes), gib(r.PeakReservedBytes), r.ProblemCount, r.ErrorCount, status)
+	}
+	tw.Flush()
+	for _, r := range results {
+		for _, p := range r.Problems {
+			fmt.Fprintf(w, "  proc %d PROBLEM: %s\n", r.Proc, p)
+		}
+		for _, e := range r.Errors {
+			fmt.Fprintf(w, "  proc %d ERROR: %s\n", r.Proc, e)
+		}
+	}
+	fmt.Fprintf(w, "out-of-memory errors: %d in all (expected when oversubscribed; each one a clean ErrOutOfMemory)\n", ooms)
+	if strings.TrimSpace(ds.note) != "" {
+		fmt.Fprintln(w, "note:", ds.note)
+	}
+}

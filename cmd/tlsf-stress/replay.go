@@ -1,0 +1,484 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/internal/replay"
+	"github.com/gpumem/tlsf/internal/trace"
+	"github.com/spf13/cobra"
+)
+
+// defaultTrace is the embedded trace the command replays without a
+// subcommand: the largest of the three, with the most varied sizes.
+const defaultTrace = "resnet50"
+
+// minCapStep is the resolution of --min-cap in bytes: 2 MiB, the VMM
+// granularity, below which a pool's reserved memory cannot move.
+const minCapStep = 2 << 20
+
+// plotPoints is about how many samples of reserved memory a plotted replay
+// takes: enough for a smooth line, few enough (one Stats call each) not
+// to slow the replay.
+const plotPoints = 2000
+
+type replayOpts struct {
+	backends []string
+	cap      capFlag
+	minCap   bool
+	json     bool
+	plot     string
+}
+
+func newReplayCmd(g *globalFlags) *cobra.Command {
+	o := &replayOpts{}
+	var backends []string
+	cmd := &cobra.Command{
+		Use:   "replay [flags] TRACE...",
+		Short: "Replay allocation traces through the pool and its peers",
+		Long: `Replay allocation traces through each backend, twice on the same allocator: the
+first replay warms it, the second is timed, so ns/op is the warm replay cost
+per alloc or free, as the peers' figures are.
+
+A TRACE is a file (this project's text format, a PyTorch memory snapshot
+pickle, or an RMM logging_resource_adaptor CSV log, plain or gzip, told apart
+by content) or the name of an embedded trace: ` + strings.Join(trace.Names(), ", ") + `.
+Without TRACE, every embedded trace is replayed.`,
+		Args: wrapArgs(cobra.ArbitraryArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var err error
+			if o.backends, err = parseBackends(backends); err != nil {
+				return err
+			}
+			if o.plot != "" {
+				if ext := strings.ToLower(filepath.Ext(o.plot)); ext != ".svg" && ext != ".png" {
+					return usagef("--plot %q: the file name must end in .svg or .png", o.plot)
+				}
+			}
+			if len(args) == 0 {
+				args = trace.Names()
+			}
+			return runReplay(cmd, g, o, args)
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&backends, "backend", allBackends, "backends to compare, comma-separated: "+strings.Join(allBackends, ", "))
+	f.Var(&o.cap, "cap", "cap on device memory: bytes (suffixes KiB..TiB), or a fraction of total memory such as 0.5")
+	f.BoolVar(&o.minCap, "min-cap", false, "find by bisection the smallest cap under which the trace replays with no failed allocation")
+	f.BoolVar(&o.json, "json", false, "print one JSON object per trace and backend (schema in the package doc) instead of a table")
+	f.StringVar(&o.plot, "plot", "", "write live and reserved bytes over the first replay to `FILE` (.svg or .png; with several traces, FILE-TRACE.ext)")
+	return cmd
+}
+
+// replayResult is one trace replayed with one backend: a JSON object of
+// --json output. doc.go documents the schema; TestReplayJSONSchema checks
+// it.
+type replayResult struct {
+	Trace             string            `json:"trace"`
+	Source            string            `json:"source"`
+	Format            string            `json:"format"`
+	Backend           string            `json:"backend"`
+	Device            string            `json:"device"`
+	DeviceKind        string            `json:"device_kind"`
+	Ops               int               `json:"ops"`
+	PeakLiveBytes     uint64            `json:"peak_live_bytes"`
+	PeakReservedBytes uint64            `json:"peak_reserved_bytes"`
+	ReservedOverLive  float64           `json:"reserved_over_live"`
+	CapBytes          uint64            `json:"cap_bytes"`
+	MinCapBytes       *uint64           `json:"min_cap_bytes,omitempty"`
+	MinCapOverLive    *float64          `json:"min_cap_over_live,omitempty"`
+	MinCapRuns        int               `json:"min_cap_runs,omitempty"`
+	NsPerOp           float64           `json:"ns_per_op"`
+	ColdNsPerOp       float64           `json:"cold_ns_per_op"`
+	DeviceNsPerOp     *float64          `json:"device_ns_per_op,omitempty"`
+	DeviceCalls       uint64            `json:"device_calls"`
+	WarmDeviceCalls   uint64            `json:"warm_device_calls"`
+	DeviceCallsByName map[string]uint64 `json:"device_calls_by_name"`
+	FailedAllocs      int               `json:"failed_allocs"`
+	WarmFailedAllocs  int               `json:"warm_failed_allocs"`
+	FirstError        string            `json:"first_error,omitempty"`
+
+	series []sample // live and reserved bytes over the first replay, with --plot
+}
+
+// sample is the state after op Op of a replay.
+type sample struct {
+	Op             int
+	Live, Reserved uint64
+}
+
+// loadTrace reads a trace argument: an existing file, else an embedded
+// trace's name.
+func loadTrace(arg string) (*trace.Trace, error) {
+	if _, err := os.Stat(arg); err == nil {
+		return trace.ParseFile(arg)
+	}
+	if slices.Contains(trace.Names(), arg) {
+		return trace.Load(arg)
+	}
+	_, err := os.Stat(arg)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s: no such file, and no embedded trace of that name (embedded: %s)", arg, strings.Join(trace.Names(), ", "))
+	}
+	return nil, err
+}
+
+func runReplay(cmd *cobra.Command, g *globalFlags, o *replayOpts, args []string) error {
+	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	traces := make([]*trace.Trace, 0, len(args))
+	for _, a := range args {
+		t, err := loadTrace(a)
+		if err != nil {
+			return err
+		}
+		traces = append(traces, t)
+	}
+	ds, err := openDevices(g, false)
+	if err != nil {
+		return err
+	}
+	defer ds.close()
+	if ds.note != "" {
+		fmt.Fprintln(errw, "tlsf-stress:", ds.note)
+	}
+	var results []*replayResult
+	failed := false
+	for _, t := range traces {
+		for _, be := range o.backends {
+			r, err := replayTraceBackend(ds, t, be, o)
+			if err != nil {
+				return fmt.Errorf("replaying %s with %s: %w", t.Name, be, err)
+			}
+			results = append(results, r)
+			if r.FailedAllocs > 0 && !o.cap.set() {
+				failed = true
+			}
+			if o.json {
+				if err := json.NewEncoder(out).Encode(r); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if !o.json {
+		printReplayTable(out, ds, results)
+	}
+	if o.plot != "" {
+		if err := plotReplays(o.plot, traces, results); err != nil {
+			return err
+		}
+	}
+	if failed {
+		fmt.Fprintln(errw, "tlsf-stress: allocations failed without a cap (see failed_allocs)")
+		return errFailed
+	}
+	return nil
+}
+
+// replayTraceBackend replays t with backend be: once cold (sampled for
+// --plot), once warm and timed, then the --min-cap bisection.
+func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (*replayResult, error) {
+	dev, release := ds.get()
+	defer release()
+	total, err := deviceTotal(dev)
+	if err != nil {
+		return nil, err
+	}
+	capBytes := o.cap.resolve(total)
+	r := &replayResult{
+		Trace: t.Name, Source: t.Source, Format: t.Format.String(), Backend: be,
+		Device: dev.Name(), DeviceKind: ds.kind, PeakLiveBytes: t.PeakLive(), CapBytes: capBytes,
+	}
+	sim, _ := dev.(*device.Sim)
+	var simT0, simT1 time.Duration
+	err = withAllocator(dev, t, be, allocOptions{capBytes: capBytes}, func(a replayAllocator) error {
+		every := 0
+		if o.plot != "" {
+			every = max(1, len(t.Ops)/plotPoints)
+		}
+		cold, left, series, err := replayTrace(t, a, every)
+		if err != nil {
+			return err
+		}
+		if err := a.freeAll(left); err != nil {
+			return err
+		}
+		r.series = series
+		c0 := a.calls()
+		if sim != nil {
+			simT0 = sim.SimTime()
+		}
+		warm, left, _, err := replayTrace(t, a, 0)
+		if err != nil {
+			return err
+		}
+		if sim != nil {
+			simT1 = sim.SimTime()
+		}
+		c1 := a.calls()
+		if err := a.freeAll(left); err != nil {
+			return err
+		}
+		peak, err := a.peakReserved()
+		if err != nil {
+			return err
+		}
+		r.Ops, r.NsPerOp, r.ColdNsPerOp = warm.Ops, warm.NsPerOp(), cold.NsPerOp()
+		r.FailedAllocs, r.WarmFailedAllocs = cold.Failed, warm.Failed
+		if cold.FirstErr != nil {
+			r.FirstError = cold.FirstErr.Error()
+		} else if warm.FirstErr != nil {
+			r.FirstError = warm.FirstErr.Error()
+		}
+		r.PeakReservedBytes = peak
+		r.DeviceCalls, r.WarmDeviceCalls = c1.Total(), c1.Total()-c0.Total()
+		r.DeviceCallsByName = c1.Map()
+		if sim != nil && warm.Ops > 0 {
+			v := float64(simT1-simT0) / float64(warm.Ops)
+			r.DeviceNsPerOp = &v
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if r.PeakLiveBytes > 0 {
+		r.ReservedOverLive = float64(r.PeakReservedBytes) / float64(r.PeakLiveBytes)
+	}
+	if o.minCap {
+		if err := findMinCap(ds, t, be, r); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// findMinCap bisects the cap between peak live and peak reserved bytes
+// (raised if need be), a fresh allocator on a fresh device per probe.
+func findMinCap(ds *devices, t *trace.Trace, be string, r *replayResult) error {
+	hi := max(r.PeakReservedBytes, r.PeakLiveBytes) + minCapStep
+	c, runs, err := replay.MinCap(r.PeakLiveBytes, hi, minCapStep, func(capBytes uint64) (bool, error) {
+		dev, release := ds.get()
+		defer release()
+		ok := false
+		err := withAllocator(dev, t, be, allocOptions{capBytes: capBytes}, func(a replayAllocator) error {
+			res, left, _, err := replayTrace(t, a, 0)
+			if err != nil {
+				return err
+			}
+			ok = res.Failed == 0
+			return a.freeAll(left)
+		})
+		return ok, err
+	})
+	if err != nil {
+		return err
+	}
+	r.MinCapBytes, r.MinCapRuns = &c, runs
+	if r.PeakLiveBytes > 0 {
+		v := float64(c) / float64(r.PeakLiveBytes)
+		r.MinCapOverLive = &v
+	}
+	return nil
+}
+
+// replayAllocator adapts an allocator to replay.Allocator, mapping the
+// trace's streams to device streams (trace stream 0 is the default
+// stream).
+type replayAllocator struct {
+	allocator
+	streams map[uint64]device.Stream
+}
+
+func (a replayAllocator) Alloc(size, stream uint64) (uintptr, error) {
+	return a.AllocOn(size, a.streams[stream])
+}
+
+func (a replayAllocator) Free(ptr uintptr, stream uint64) error {
+	return a.FreeOn(ptr, a.streams[stream])
+}
+
+// freeAll frees the blocks a replay left live, on their streams.
+func (a replayAllocator) freeAll(left []leftBlock) error {
+	for _, b := range left {
+		if err := a.Free(b.ptr, b.stream); err != nil {
+			return fmt.Errorf("freeing a block the trace leaves live: %w", err)
+		}
+	}
+	return nil
+}
+
+// withAllocator makes backend be on dev with a device stream for each
+// non-zero stream of t, runs f, and closes the allocator and the streams.
+func withAllocator(dev device.Device, t *trace.Trace, be string, o allocOptions, f func(replayAllocator) error) error {
+	streams := map[uint64]device.Stream{}
+	defer func() {
+		for _, s := range streams {
+			_ = dev.StreamDestroy(s)
+		}
+	}()
+	for _, op := range t.Ops {
+		if _, ok := streams[op.Stream]; !ok && op.Stream != 0 {
+			s, err := dev.StreamCreate()
+			if err != nil {
+				return err
+			}
+			streams[op.Stream] = s
+		}
+	}
+	a, err := newAllocator(dev, be, o)
+	if err != nil {
+		return err
+	}
+	err = f(replayAllocator{a, streams})
+	return errors.Join(err, a.close())
+}
+
+// leftBlock is a block a trace leaves live at its end.
+type leftBlock struct {
+	ptr    uintptr
+	stream uint64
+}
+
+// replayTrace replays t through a as replay.Run does, and also returns
+// the blocks the trace leaves live (replay.Run keeps them to itself, and a
+// warm replay on the same allocator must start empty) and, every every
+// ops (0: never), a sample of live and reserved bytes.
+func replayTrace(t *trace.Trace, a replayAllocator, every int) (replay.Result, []leftBlock, []sample, error) {
+	type liveEntry struct {
+		ptr    uintptr
+		stream uint64
+	}
+	live := make(map[uint64]liveEntry, 1024)
+	var res replay.Result
+	var cur uint64
+	var series []sample
+	start := time.Now()
+	for i, op := range t.Ops {
+		if every > 0 && i%every == 0 {
+			rsv, err := a.reserved()
+			if err != nil {
+				return res, nil, nil, err
+			}
+			series = append(series, sample{Op: i, Live: cur, Reserved: rsv})
+		}
+		if !op.Free {
+			ptr, err := a.Alloc(op.Size, op.Stream)
+			if err != nil {
+				if res.Failed == 0 {
+					res.FirstErr = err
+				}
+				res.Failed++
+				continue
+			}
+			live[op.ID] = liveEntry{ptr, op.Stream}
+			cur += op.Size
+			res.PeakLive = max(res.PeakLive, cur)
+			res.Ops++
+			continue
+		}
+		e, ok := live[op.ID]
+		if !ok {
+			continue // its allocation failed
+		}
+		delete(live, op.ID)
+		if err := a.Free(e.ptr, op.Stream); err != nil {
+			return res, nil, nil, fmt.Errorf("%s: op %d: free of block %d: %w", t.Name, i, op.ID, err)
+		}
+		cur -= op.Size
+		res.Ops++
+	}
+	res.Elapsed = time.Since(start)
+	if every > 0 {
+		rsv, err := a.reserved()
+		if err != nil {
+			return res, nil, nil, err
+		}
+		series = append(series, sample{Op: len(t.Ops), Live: cur, Reserved: rsv})
+	}
+	left := make([]leftBlock, 0, len(live))
+	for _, e := range live {
+		left = append(left, leftBlock(e))
+	}
+	return res, left, series, nil
+}
+
+// printReplayTable writes the results as a table per trace, with the
+// peers' figures on the H200 (trace.Baselines) below ours.
+func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
+	fmt.Fprintf(w, "Replay on %s (%s). ns/op is the warm cost per alloc or free: each trace is\n", ds.name(), ds.kind)
+	fmt.Fprintln(w, "replayed once to warm the allocator, then again on it, timed; peers' figures are warm too.")
+	sim := ds.kind == deviceSim
+	if sim {
+		fmt.Fprintln(w, "On the simulated device ns/op is host time only; drv ns/op is the modelled driver time per op.")
+	}
+	baselines, _ := trace.Baselines()
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	head := "trace\tbackend\tops\tns/op\t"
+	if sim {
+		head += "drv ns/op\t"
+	}
+	head += "peak reserved\treserved/live\tmin cap/live\tdevice calls\tfailed\t"
+	fmt.Fprintln(tw, head)
+	last := ""
+	for i, r := range results {
+		if r.Trace != last && i > 0 {
+			fmt.Fprintln(tw, "\t")
+		}
+		last = r.Trace
+		row := fmt.Sprintf("%s\t%s\t%d\t%.0f\t", r.Trace, r.Backend, r.Ops, r.NsPerOp)
+		if sim {
+			row += fmt.Sprintf("%s\t", optFloat(r.DeviceNsPerOp, "%.0f"))
+		}
+		row += fmt.Sprintf("%s\t%.3f\t%s\t%d\t%d\t", gib(r.PeakReservedBytes), r.ReservedOverLive, optFloat(r.MinCapOverLive, "%.3f"), r.DeviceCalls, r.FailedAllocs)
+		fmt.Fprintln(tw, row)
+		if i+1 < len(results) && results[i+1].Trace == r.Trace {
+			continue
+		}
+		bl, ok := baselines[r.Trace]
+		if !ok {
+			continue
+		}
+		for _, name := range slices.Sorted(maps.Keys(bl.Peers)) {
+			p := bl.Peers[name]
+			row := fmt.Sprintf("%s\tpeer %s\t%d\t%s\t", r.Trace, name, bl.Ops, zeroDash(p.WarmNsPerOp, "%.0f"))
+			if sim {
+				row += "\t"
+			}
+			rsv := "-"
+			if p.PeakReservedBytes > 0 {
+				rsv = gib(p.PeakReservedBytes)
+			}
+			row += fmt.Sprintf("%s\t%s\t%s\t\t\t", rsv, zeroDash(p.PeakReservedOverLive, "%.3f"), zeroDash(p.MinCapOverLive, "%.3f"))
+			fmt.Fprintln(tw, row)
+		}
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "peer rows: H200 figures from internal/trace/data/baseline.json (peak live as the trace sizes it).")
+}
+
+func optFloat(v *float64, format string) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf(format, *v)
+}
+
+func zeroDash(v float64, format string) string {
+	if v == 0 || math.IsNaN(v) {
+		return "-"
+	}
+	return fmt.Sprintf(format, v)
+}

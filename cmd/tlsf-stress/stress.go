@@ -1,0 +1,436 @@
+package main
+
+// The stress workload shared by run and multi.
+//
+// Each goroutine owns a table of slots. An operation picks a slot at
+// random: a full slot's block is verified and freed, an empty slot gets a
+// new block, of a size drawn from the size source, unless the goroutine's
+// share of the live-byte budget would be exceeded, in which case another
+// of its blocks is freed instead. Every block gets a 32-bit pattern of its
+// own, written over its whole length on the device (cuMemsetD32Async on
+// the goroutine's stream) right after allocation, and read back before its
+// free (cuMemcpyDtoH of the whole block, or of its first, middle and last
+// 4 KiB). A word that is not the block's pattern is corruption; when it is
+// another live block's pattern, the report names that block too, since two
+// live blocks then share memory. Independently of the device, every block
+// is checked on the host against the address ranges of all live blocks
+// when it is handed out, which catches overlaps that sampled verification
+// could miss.
+//
+// Patterns: the k-th block gets uint32(k × 0x9E3779B1), a bijection of
+// the 32-bit integers (the multiplier is odd), so patterns repeat only
+// after 2^32 allocations and neighbouring blocks differ in every byte;
+// 0 and the simulated device's uninitialized word are skipped.
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gpumem/tlsf/device"
+)
+
+// Verification modes, the values of --verify.
+const (
+	verifyFull    = "full"
+	verifySampled = "sampled"
+	verifyNone    = "none"
+)
+
+// sampleBytes is the size of each region sampled verification reads:
+// 4 KiB, one copy of a few µs that still covers a block's edges, where
+// an off-by-one in a split or merge would show.
+const sampleBytes = 4096
+
+// copyChunk bounds one cuMemcpyDtoH of full verification (bytes): the
+// host buffer each goroutine keeps.
+const copyChunk = 4 << 20
+
+// maxKeptProblems bounds the problems kept for the report; more are
+// counted only.
+const maxKeptProblems = 20
+
+// stressConfig configures one stress workload.
+type stressConfig struct {
+	goroutines int
+	ops        int64         // total operations (0: until duration)
+	duration   time.Duration // 0: until ops
+	sizes      func(r *rand.Rand) uint64
+	slots      int    // live blocks per goroutine, at most
+	maxLive    uint64 // bytes live at most, over all goroutines (0: no bound)
+	verify     string
+	perStream  bool // a stream per goroutine; else the default stream
+	seed       uint64
+}
+
+// liveBlock is one allocated block of the workload.
+type liveBlock struct {
+	id      uint64
+	ptr     uintptr
+	size    uint64
+	pattern uint32
+}
+
+func (b *liveBlock) String() string {
+	return fmt.Sprintf("block #%d [%#x, +%d) pattern %#08x", b.id, b.ptr, b.size, b.pattern)
+}
+
+// stressReport is the outcome of a workload.
+type stressReport struct {
+	Ops, Allocs, Frees, OOMs int64
+	VerifiedBytes            uint64
+	VerifiedBlocks           int64
+	PeakLive                 uint64
+	Elapsed                  time.Duration
+	Problems                 []string // corruption, overlaps, lost blocks (first maxKeptProblems)
+	ProblemCount             int64
+	Errors                   []string // unexpected errors (first maxKeptProblems)
+	ErrorCount               int64
+	WorkCalls                device.Counts // driver calls of the workload itself: memsets, copies, syncs
+}
+
+// stress is one running workload.
+type stress struct {
+	cfg  stressConfig
+	dev  device.Device
+	a    allocator
+	ctx  context.Context
+	stop time.Time // zero: no deadline
+
+	issued, done    atomic.Int64
+	allocs, frees   atomic.Int64
+	ooms            atomic.Int64
+	verifiedBytes   atomic.Uint64
+	verifiedBlocks  atomic.Int64
+	live, peakLive  atomic.Uint64
+	nextID          atomic.Uint64
+	work            [device.NumCalls]atomic.Uint64
+	patterns        sync.Map // uint32 → *liveBlock, for live blocks
+	mu              sync.Mutex
+	ranges          []*liveBlock // live blocks by ptr (guarded by mu)
+	problems, errs  []string     // guarded by mu
+	nProbs, nErrors int64        // guarded by mu
+}
+
+// testHookFilled, when set (by tests only), is called after each block is
+// filled with its pattern; a test uses it to corrupt device memory and
+// check that verification notices.
+var testHookFilled func(d device.Device, b *liveBlock)
+
+// newStress prepares the workload cfg on allocator a over device d.
+func newStress(ctx context.Context, d device.Device, a allocator, cfg stressConfig) *stress {
+	return &stress{cfg: cfg, dev: d, a: a, ctx: ctx}
+}
+
+// run runs the workload until its operations are done, its duration is
+// over, or its context is cancelled; then every block still live is
+// verified and freed, and the allocator is checked for lost blocks. It
+// blocks; opsDone may be called meanwhile from other goroutines.
+func (s *stress) run() *stressReport {
+	cfg, a, d := s.cfg, s.a, s.dev
+	start := time.Now()
+	if cfg.duration > 0 {
+		s.stop = start.Add(cfg.duration)
+	}
+	var wg sync.WaitGroup
+	for g := range cfg.goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.worker(g)
+		}()
+	}
+	wg.Wait()
+	rep := &stressReport{
+		Ops: s.done.Load(), Allocs: s.allocs.Load(), Frees: s.frees.Load(), OOMs: s.ooms.Load(),
+		VerifiedBytes: s.verifiedBytes.Load(), VerifiedBlocks: s.verifiedBlocks.Load(),
+		PeakLive: s.peakLive.Load(), Elapsed: time.Since(start),
+	}
+	if err := a.checkEmpty(); err != nil {
+		s.problem("%v", err)
+	}
+	if sim, ok := d.(*device.Sim); ok {
+		for _, v := range sim.Violations() {
+			s.problem("simulated device: %s", v)
+		}
+	}
+	for i := range s.work {
+		rep.WorkCalls[i] = s.work[i].Load()
+	}
+	s.mu.Lock()
+	rep.Problems, rep.ProblemCount = s.problems, s.nProbs
+	rep.Errors, rep.ErrorCount = s.errs, s.nErrors
+	s.mu.Unlock()
+	return rep
+}
+
+// opsDone returns the operations done so far; safe to call while running.
+func (s *stress) opsDone() int64 { return s.done.Load() }
+
+func (s *stress) problem(format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nProbs++
+	if len(s.problems) < maxKeptProblems {
+		s.problems = append(s.problems, fmt.Sprintf(format, args...))
+	}
+}
+
+func (s *stress) error(format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nErrors++
+	if len(s.errs) < maxKeptProblems {
+		s.errs = append(s.errs, fmt.Sprintf(format, args...))
+	}
+}
+
+// call counts one driver call of the workload and passes its error on.
+func (s *stress) call(c device.Call, err error) error {
+	s.work[c].Add(1)
+	return err
+}
+
+// more reports whether another operation may start, and claims it.
+func (s *stress) more() bool {
+	if s.ctx.Err() != nil || (!s.stop.IsZero() && time.Now().After(s.stop)) {
+		return false
+	}
+	if s.cfg.ops > 0 && s.issued.Add(1) > s.cfg.ops {
+		return false
+	}
+	return true
+}
+
+// worker is goroutine g's loop.
+func (s *stress) worker(g int) {
+	r := rand.New(rand.NewPCG(s.cfg.seed, uint64(g)+1))
+	var st device.Stream
+	if s.cfg.perStream {
+		var err error
+		if st, err = s.dev.StreamCreate(); s.call(device.CallStreamCreate, err) != nil {
+			s.error("goroutine %d: creating a stream: %v", g, err)
+			return
+		}
+		defer func() {
+			if err := s.call(device.CallStreamDestroy, s.dev.StreamDestroy(st)); err != nil {
+				s.error("goroutine %d: destroying its stream: %v", g, err)
+			}
+		}()
+	}
+	w := &worker{s: s, st: st, buf: make([]byte, min(copyChunk, 3*sampleBytes))}
+	if s.cfg.verify == verifyFull {
+		w.buf = make([]byte, copyChunk)
+	}
+	slots := make([]*liveBlock, max(1, s.cfg.slots))
+	budget := uint64(math.MaxUint64)
+	if s.cfg.maxLive > 0 {
+		budget = s.cfg.maxLive / uint64(max(1, s.cfg.goroutines))
+	}
+	var live uint64
+	free := func(i int) {
+		live -= slots[i].size
+		w.verifyFree(slots[i])
+		slots[i] = nil
+	}
+	for s.more() {
+		i := r.IntN(len(slots))
+		if slots[i] != nil {
+			free(i)
+			s.done.Add(1)
+			continue
+		}
+		size := s.cfg.sizes(r)
+		if live+size > budget {
+			// Over this goroutine's share: free another block instead.
+			for k := 1; k < len(slots); k++ {
+				if j := (i + k) % len(slots); slots[j] != nil {
+					free(j)
+					break
+				}
+			}
+			s.done.Add(1)
+			continue
+		}
+		if b := w.alloc(size); b != nil {
+			slots[i] = b
+			live += size
+		}
+		s.done.Add(1)
+	}
+	for i := range slots {
+		if slots[i] != nil {
+			free(i)
+		}
+	}
+}
+
+// worker is one goroutine's state.
+type worker struct {
+	s   *stress
+	st  device.Stream
+	buf []byte // host buffer for copies
+}
+
+// newBlockID returns the next block's ID and pattern (see the file
+// comment), skipping IDs whose pattern would be 0 or SimUninitialized.
+func (s *stress) newBlockID() (uint64, uint32) {
+	for {
+		id := s.nextID.Add(1)
+		if p := uint32(id) * 0x9E3779B1; p != 0 && p != device.SimUninitialized {
+			return id, p
+		}
+	}
+}
+
+// alloc allocates, registers and fills a block of size bytes; nil when the
+// allocation failed (counted).
+func (w *worker) alloc(size uint64) *liveBlock {
+	s := w.s
+	ptr, err := s.a.AllocOn(size, w.st)
+	if err != nil {
+		if isOOM(err) {
+			s.ooms.Add(1)
+		} else {
+			s.error("allocating %d bytes: %v", size, err)
+		}
+		return nil
+	}
+	s.allocs.Add(1)
+	id, pattern := s.newBlockID()
+	b := &liveBlock{id: id, ptr: ptr, size: size, pattern: pattern}
+	if o := s.insertRange(b); o != nil {
+		s.problem("overlap: %v was handed out while %v is live (they share [%#x, %#x))",
+			b, o, max(b.ptr, o.ptr), min(b.ptr+uintptr(b.size), o.ptr+uintptr(o.size)))
+	}
+	s.patterns.Store(b.pattern, b)
+	if words := size / 4; words > 0 {
+		if err := s.call(device.CallMemsetD32Async, s.dev.MemsetD32Async(ptr, b.pattern, words, w.st)); err != nil {
+			s.error("filling %v: %v", b, err)
+		}
+	}
+	if testHookFilled != nil {
+		testHookFilled(s.dev, b)
+	}
+	l := s.live.Add(size)
+	for p := s.peakLive.Load(); l > p && !s.peakLive.CompareAndSwap(p, l); p = s.peakLive.Load() {
+	}
+	return b
+}
+
+// verifyFree verifies b's contents, unregisters it and frees it.
+func (w *worker) verifyFree(b *liveBlock) {
+	s := w.s
+	if s.cfg.verify != verifyNone {
+		w.verify(b)
+	}
+	s.removeRange(b)
+	s.patterns.CompareAndDelete(b.pattern, b)
+	s.live.Add(^(b.size - 1))
+	if err := s.a.FreeOn(b.ptr, w.st); err != nil {
+		s.error("freeing %v: %v", b, err)
+		return
+	}
+	s.frees.Add(1)
+}
+
+// verify reads b back (whole or sampled) and reports the first word that
+// is not its pattern.
+func (w *worker) verify(b *liveBlock) {
+	s := w.s
+	n := b.size / 4 * 4 // the bytes the memset wrote
+	if n == 0 {
+		return
+	}
+	if w.st != 0 {
+		// cuMemcpyDtoH waits for the legacy default stream only.
+		if err := s.call(device.CallStreamSynchronize, s.dev.StreamSynchronize(w.st)); err != nil {
+			s.error("synchronizing before verifying %v: %v", b, err)
+			return
+		}
+	}
+	type span struct{ off, n uint64 }
+	var spans []span
+	if s.cfg.verify == verifyFull || n <= 3*sampleBytes {
+		for off := uint64(0); off < n; off += uint64(len(w.buf)) {
+			spans = append(spans, span{off, min(uint64(len(w.buf)), n-off)})
+		}
+	} else {
+		mid := (n/2 - sampleBytes/2) &^ 3
+		spans = []span{{0, sampleBytes}, {mid, sampleBytes}, {n - sampleBytes, sampleBytes}}
+	}
+	for _, sp := range spans {
+		buf := w.buf[:sp.n]
+		if err := s.call(device.CallMemcpyDtoH, s.dev.MemcpyDtoH(buf, b.ptr+uintptr(sp.off))); err != nil {
+			s.error("reading back %v at offset %d: %v", b, sp.off, err)
+			return
+		}
+		s.verifiedBytes.Add(sp.n)
+		for i := 0; i+4 <= len(buf); i += 4 {
+			got := binary.LittleEndian.Uint32(buf[i:])
+			if got == b.pattern {
+				continue
+			}
+			off := sp.off + uint64(i)
+			other := "no live block has that pattern (a stray write, or a block freed already)"
+			if v, ok := s.patterns.Load(got); ok {
+				other = fmt.Sprintf("the pattern of live %v: the two blocks share memory", v.(*liveBlock))
+			}
+			s.problem("corruption: %v: word at %#x (offset %d) holds %#08x, %s", b, b.ptr+uintptr(off), off, got, other)
+			return
+		}
+	}
+	s.verifiedBlocks.Add(1)
+}
+
+// insertRange adds b to the live ranges and returns a live block that
+// overlaps it, if any.
+func (s *stress) insertRange(b *liveBlock) *liveBlock {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, _ := slices.BinarySearchFunc(s.ranges, b.ptr, func(x *liveBlock, p uintptr) int {
+		switch {
+		case x.ptr < p:
+			return -1
+		case x.ptr > p:
+			return 1
+		}
+		return 0
+	})
+	var o *liveBlock
+	if i > 0 && s.ranges[i-1].ptr+uintptr(s.ranges[i-1].size) > b.ptr {
+		o = s.ranges[i-1]
+	} else if i < len(s.ranges) && s.ranges[i].ptr < b.ptr+uintptr(b.size) {
+		o = s.ranges[i]
+	}
+	s.ranges = slices.Insert(s.ranges, i, b)
+	return o
+}
+
+// removeRange removes b from the live ranges.
+func (s *stress) removeRange(b *liveBlock) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	lo := s.lowerBound(b.ptr)
+	if i := slices.Index(s.ranges[lo:], b); i >= 0 {
+		s.ranges = slices.Delete(s.ranges, lo+i, lo+i+1)
+	}
+}
+
+// lowerBound is the index of the first live range starting at or above p.
+// mu held.
+func (s *stress) lowerBound(p uintptr) int {
+	i, _ := slices.BinarySearchFunc(s.ranges, p, func(x *liveBlock, p uintptr) int {
+		if x.ptr < p {
+			return -1
+		}
+		return 1
+	})
+	return i
+}

@@ -1,0 +1,251 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gpumem/tlsf/device"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// runSchema is run's --json schema as doc.go lists it.
+var runSchema = map[string]string{
+	"device": "string", "device_kind": "string", "backend": "string", "goroutines": "int",
+	"stream": "string", "verify": "string", "ops": "int", "allocs": "int", "frees": "int",
+	"out_of_memory": "int", "elapsed_s": "number", "ops_per_s": "number",
+	"verified_blocks": "int", "verified_bytes": "int", "peak_live_bytes": "int",
+	"peak_reserved_bytes": "int", "cap_bytes": "int", "device_calls": "int",
+	"device_calls_by_name": "object", "workload_device_calls": "int", "pool": "object",
+	"problem_count": "int", "problems": "array", "error_count": "int", "errors": "array", "ok": "bool",
+}
+
+func TestRunVerifiesOnSim(t *testing.T) {
+	for _, tc := range []struct {
+		backend, stream, verify string
+	}{
+		{backendVMM, streamDefault, verifySampled},
+		{backendChunks, streamPerGoroutine, verifySampled},
+		{backendPassthrough, streamDefault, verifyFull},
+		{backendAsync, streamPerGoroutine, verifySampled},
+	} {
+		t.Run(tc.backend+"/"+tc.stream+"/"+tc.verify, func(t *testing.T) {
+			args := []string{"run", "--device", "sim", "--json", "--ops", "3000", "-g", "3", "--slots", "16",
+				"--backend", tc.backend, "--stream", tc.stream, "--verify", tc.verify, "--sizes", "log-uniform"}
+			if tc.verify == verifyFull {
+				args = append(args, "--max-size", "256KiB")
+			}
+			out, errs, status := cli(t, args...)
+			require.Equal(t, exitOK, status, "%s\n%s", out, errs)
+			lines := jsonLines(t, out)
+			require.Len(t, lines, 1)
+			m := lines[0]
+			for k, typ := range runSchema {
+				if k == "pool" && tc.backend == backendAsync {
+					assert.NotContains(t, m, k, "async has no pool statistics")
+					continue
+				}
+				require.Contains(t, m, k)
+				switch typ {
+				case "array":
+					assert.IsType(t, []any{}, m[k], k)
+				case "bool":
+					assert.IsType(t, true, m[k], k)
+				}
+			}
+			for k := range m {
+				assert.Contains(t, runSchema, k, "undocumented field")
+			}
+			assert.Equal(t, true, m["ok"])
+			assert.Equal(t, "3000", fmt.Sprint(m["ops"]))
+			assert.Equal(t, m["allocs"], m["frees"], "every block freed")
+			assert.Equal(t, m["frees"], m["verified_blocks"], "every block verified")
+		})
+	}
+}
+
+func TestRunTraceSizesAndTable(t *testing.T) {
+	out, errs, status := cli(t, "run", "--device", "sim", "--ops", "2000", "-g", "2", "--sizes", "lstm", "--slots", "8")
+	require.Equal(t, exitOK, status, errs)
+	assert.Contains(t, out, "run: 2000 ops")
+	assert.Contains(t, out, "problems 0, errors 0")
+	assert.Contains(t, out, "pool: grows")
+	_, errs, status = cli(t, "run", "--device", "sim", "--sizes", "no-such-trace")
+	assert.Equal(t, exitFailed, status)
+	assert.Contains(t, errs, "no-such-trace")
+}
+
+// withFillHook installs testHookFilled for the test.
+func withFillHook(t *testing.T, f func(d device.Device, b *liveBlock)) {
+	t.Helper()
+	testHookFilled = f
+	t.Cleanup(func() { testHookFilled = nil })
+}
+
+func TestRunDetectsCorruption(t *testing.T) {
+	// A stray write into block #5, inside its first 4 KiB.
+	var victim *liveBlock
+	withFillHook(t, func(d device.Device, b *liveBlock) {
+		if b.id == 5 {
+			victim = b
+			require.NoError(t, d.MemsetD32(b.ptr+64, 0x0badc0de, 1))
+		}
+	})
+	out, _, status := cli(t, "run", "--device", "sim", "--ops", "400", "-g", "1", "--min-size", "8KiB", "--max-size", "64KiB")
+	assert.Equal(t, exitFailed, status, out)
+	require.NotNil(t, victim)
+	assert.Contains(t, out, "problems 1")
+	assert.Contains(t, out, "PROBLEM: corruption: "+victim.String())
+	assert.Contains(t, out, fmt.Sprintf("word at %#x (offset 64) holds 0x0badc0de", victim.ptr+64))
+	assert.Contains(t, out, "no live block has that pattern")
+}
+
+func TestStressNamesTheBlockWhosePatternIsFound(t *testing.T) {
+	// Another live block's pattern in block #3's last bytes: the report
+	// names both blocks.
+	sim := device.NewSim(device.SimConfig{Shadow: true, Capacity: 1 << 30})
+	a, err := newAllocator(sim, backendVMM, allocOptions{})
+	require.NoError(t, err)
+	other := &liveBlock{id: 1000, ptr: 0x7e0000000000, size: 4096, pattern: 0x12345678}
+	var victim *liveBlock
+	withFillHook(t, func(d device.Device, b *liveBlock) {
+		if b.id == 3 {
+			victim = b
+			require.NoError(t, d.MemsetD32(b.ptr+uintptr(b.size)-8, other.pattern, 1))
+		}
+	})
+	cfg := stressConfig{goroutines: 1, ops: 20, slots: 8, verify: verifySampled, seed: 1,
+		sizes: func(*rand.Rand) uint64 { return 1 << 20 }}
+	s := newStress(context.Background(), sim, a, cfg)
+	s.patterns.Store(other.pattern, other)
+	rep := s.run()
+	require.NoError(t, a.close())
+	require.NotNil(t, victim)
+	require.EqualValues(t, 1, rep.ProblemCount, rep.Problems)
+	assert.Equal(t, fmt.Sprintf("corruption: %v: word at %#x (offset %d) holds 0x12345678, the pattern of live %v: the two blocks share memory",
+		victim, victim.ptr+1<<20-8, 1<<20-8, other), rep.Problems[0])
+}
+
+// overlapAlloc hands out, on its nth allocation, the address of a live
+// block again, as a broken allocator would.
+type overlapAlloc struct {
+	allocator
+	mu    sync.Mutex
+	n, at int
+	last  uintptr
+	fake  uintptr
+}
+
+func (a *overlapAlloc) AllocOn(size uint64, s device.Stream) (uintptr, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.n++
+	if a.n == a.at && a.last != 0 {
+		a.fake = a.last
+		return a.last, nil
+	}
+	p, err := a.allocator.AllocOn(size, s)
+	a.last = p
+	return p, err
+}
+
+func (a *overlapAlloc) FreeOn(ptr uintptr, s device.Stream) error {
+	a.mu.Lock()
+	if ptr == a.fake {
+		a.fake = 0
+		a.mu.Unlock()
+		return nil
+	}
+	a.mu.Unlock()
+	return a.allocator.FreeOn(ptr, s)
+}
+
+func TestStressDetectsOverlapOnHost(t *testing.T) {
+	sim := device.NewSim(device.SimConfig{Shadow: true, Capacity: 1 << 30})
+	inner, err := newAllocator(sim, backendChunks, allocOptions{})
+	require.NoError(t, err)
+	a := &overlapAlloc{allocator: inner, at: 3}
+	cfg := stressConfig{
+		goroutines: 1, ops: 3, slots: 64, verify: verifyNone, seed: 1,
+		sizes: func(*rand.Rand) uint64 { return 1 << 16 },
+	}
+	rep := newStress(context.Background(), sim, a, cfg).run()
+	require.NoError(t, inner.close())
+	require.NotZero(t, rep.ProblemCount)
+	assert.True(t, strings.HasPrefix(rep.Problems[0], "overlap: block #3 ["), rep.Problems[0])
+	assert.Contains(t, rep.Problems[0], "while block #2")
+	assert.Contains(t, rep.Problems[0], fmt.Sprintf("%#x", a.last))
+}
+
+func TestStressReportsLostBlocks(t *testing.T) {
+	// An allocator that forgets to free: the pool still counts the block.
+	sim := device.NewSim(device.SimConfig{Shadow: true, Capacity: 1 << 30})
+	inner, err := newAllocator(sim, backendVMM, allocOptions{})
+	require.NoError(t, err)
+	a := &leakyAlloc{allocator: inner}
+	cfg := stressConfig{goroutines: 1, ops: 10, slots: 4, verify: verifySampled, seed: 1,
+		sizes: func(*rand.Rand) uint64 { return 4096 }}
+	rep := newStress(context.Background(), sim, a, cfg).run()
+	require.NoError(t, inner.close())
+	require.NotZero(t, rep.ProblemCount)
+	assert.Contains(t, strings.Join(rep.Problems, "\n"), "lost blocks")
+}
+
+type leakyAlloc struct {
+	allocator
+	skipped bool
+}
+
+func (a *leakyAlloc) FreeOn(ptr uintptr, s device.Stream) error {
+	if !a.skipped {
+		a.skipped = true
+		return nil
+	}
+	return a.allocator.FreeOn(ptr, s)
+}
+
+func TestMultiOnSimSharesCapacity(t *testing.T) {
+	out, errs, status := cli(t, "multi", "--device", "sim", "--sim-capacity", "2GiB", "--procs", "3",
+		"--ops", "1500", "-g", "2", "--json")
+	require.Equal(t, exitOK, status, "%s\n%s", out, errs)
+	lines := jsonLines(t, out)
+	require.Len(t, lines, 3)
+	var ooms int64
+	for i, m := range lines {
+		assert.Equal(t, fmt.Sprint(i), fmt.Sprint(m["proc"]))
+		assert.Equal(t, true, m["ok"], "%v", m)
+		assert.Equal(t, m["allocs"], m["frees"])
+		assert.Contains(t, m, "max_fraction")
+		var n int64
+		fmt.Sscan(fmt.Sprint(m["out_of_memory"]), &n)
+		ooms += n
+	}
+	assert.Positive(t, ooms, "1.5× oversubscribed: some allocations must fail, cleanly")
+
+	out, errs, status = cli(t, "multi", "--device", "sim", "--sim-capacity", "2GiB", "--procs", "2", "--ops", "500")
+	require.Equal(t, exitOK, status, errs)
+	assert.Contains(t, out, "simulated processes sharing one simulated GPU")
+	assert.Contains(t, out, "out-of-memory errors:")
+}
+
+func TestMultiExecRunsChildProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts child processes")
+	}
+	out, errs, status := cli(t, "multi", "--device", "sim", "--exec", "--sim-capacity", "1GiB", "--procs", "2",
+		"--ops", "400", "-g", "1", "--json")
+	require.Equal(t, exitOK, status, "%s\n%s", out, errs)
+	lines := jsonLines(t, out)
+	require.Len(t, lines, 2)
+	pids := map[string]bool{}
+	for _, m := range lines {
+		assert.Equal(t, true, m["ok"], "%v", m)
+		assert.Equal(t, "0", fmt.Sprint(m["exit_status"]))
+		pids[fmt.Sprint(m["pid"])] = true
+	}
+	assert.Len(t, pids, 2, "two processes")
+}
