@@ -68,7 +68,7 @@ type pcache struct {
 	lock atomic.Uint32
 
 	stacks      [][]uint64  // by size class: addresses of free blocks, oldest first
-	live        addrmap.Map // address → block size, of blocks this cache handed out
+	live        addrmap.Map // address → liveEntry(size, class), of blocks this cache handed out
 	stackBytes  uint64
 	stackBlocks int64
 	liveBytes   uint64
@@ -78,6 +78,12 @@ type pcache struct {
 
 	_ [64]byte // keep neighbouring caches off this one's cache lines
 }
+
+// liveEntry packs a block's size (a multiple of 256) and its size class
+// (below 4096) into one table value, so a free needs no class lookup.
+func liveEntry(size uint64, class int) uint64 { return size<<12 | uint64(class) }
+
+func unpackLive(v uint64) (size uint64, class int) { return v >> 12, int(v & 4095) }
 
 func (pc *pcache) tryLock() bool { return pc.lock.CompareAndSwap(0, 1) }
 func (pc *pcache) unlock()       { pc.lock.Store(0) }
@@ -141,7 +147,7 @@ func (c *cacheSet) alloc(size uint64) (uintptr, bool) {
 	}
 	addr := st[n-1]
 	pc.stacks[class] = st[:n-1]
-	pc.live.Put(addr, r)
+	pc.live.Put(addr, liveEntry(r, class))
 	pc.stackBytes -= r
 	pc.stackBlocks--
 	pc.liveBytes += r
@@ -165,13 +171,13 @@ func (c *cacheSet) free(ptr uintptr) bool {
 		procUnpin()
 		return false
 	}
-	r, ok := pc.live.Take(uint64(ptr))
+	v, ok := pc.live.Take(uint64(ptr))
 	if !ok {
 		pc.unlock()
 		procUnpin()
 		return false
 	}
-	class, _ := c.x.SizeClass(r)
+	r, class := unpackLive(v)
 	pc.stacks[class] = append(pc.stacks[class], uint64(ptr))
 	pc.liveBytes -= r
 	pc.liveBlocks--
@@ -247,7 +253,7 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 		pc.stackBytes += nb.Size
 		pc.stackBlocks++
 	}
-	pc.live.Put(b.Addr, b.Size)
+	pc.live.Put(b.Addr, liveEntry(b.Size, class))
 	pc.liveBytes += b.Size
 	pc.liveBlocks++
 	pc.allocs++
@@ -317,7 +323,23 @@ func (c *cacheSet) giveBack(addr uint64) {
 	c.sysBytes -= b.Size
 	c.sysBlocks--
 	p.meta[b.ID].state = 0
-	p.releaseFreed(b, 0)
+	if p.releaseFreed(b, 0) == nil {
+		return
+	}
+	// The driver could neither record the free's event nor synchronize
+	// the default stream, so the block cannot go back yet. It was freed on
+	// the default stream, so any cache may keep serving it: the first one
+	// takes it back.
+	p.setMeta(b, stateCached)
+	c.sysBytes += b.Size
+	c.sysBlocks++
+	class, _ := c.x.SizeClass(b.Size)
+	pc := &c.ps[0]
+	pc.lockWait()
+	pc.stacks[class] = append(pc.stacks[class], addr)
+	pc.stackBytes += b.Size
+	pc.stackBlocks++
+	pc.unlock()
 }
 
 // drainLocked empties every cache's stacks into the index: the
@@ -346,7 +368,8 @@ func (c *cacheSet) takeLive(addr uint64) bool {
 	for i := range c.ps {
 		pc := &c.ps[i]
 		pc.lockWait()
-		r, ok := pc.live.Take(addr)
+		v, ok := pc.live.Take(addr)
+		r, _ := unpackLive(v)
 		if ok {
 			pc.liveBytes -= r
 			pc.liveBlocks--
@@ -424,7 +447,15 @@ func (c *cacheSet) check() error {
 				visit(a, r)
 			}
 		}
-		pc.live.All(func(a, r uint64) bool { lb += r; visit(a, r); return true })
+		pc.live.All(func(a, v uint64) bool {
+			r, class := unpackLive(v)
+			if want, _ := c.x.SizeClass(r); want != class {
+				bad = fmt.Errorf("pool: block %#x of %d bytes recorded in class %d, not %d", a, r, class, want)
+			}
+			lb += r
+			visit(a, r)
+			return true
+		})
 		if sb != pc.stackBytes || lb != pc.liveBytes {
 			bad = fmt.Errorf("pool: cache %d holds %d/%d bytes (stacks/handed out), counts %d/%d", i, sb, lb, pc.stackBytes, pc.liveBytes)
 		}

@@ -65,7 +65,7 @@ func (h *chunkHeap) back(tlsf.Block) error      { return nil }
 
 // release frees chunks with no allocated block, largest first, until
 // limit bytes are released.
-func (h *chunkHeap) release(limit uint64) (uint64, error) {
+func (h *chunkHeap) release(limit uint64, _ bool) (uint64, error) {
 	var released uint64
 	bases := slices.Sorted(maps.Keys(h.chunks))
 	slices.SortStableFunc(bases, func(a, b uint64) int { return cmp.Compare(h.chunks[b], h.chunks[a]) })

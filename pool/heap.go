@@ -21,10 +21,12 @@ type heap interface {
 	// release returns device memory that lies wholly under free blocks,
 	// about limit bytes of it (at least limit where that much is free;
 	// math.MaxUint64: all), and reports how many bytes it returned. It
-	// prefers memory under the largest free blocks. The caller has made
+	// prefers memory under the largest free blocks. With keep, a VMM heap
+	// unmaps the memory but keeps it for its next mapping (reserved does
+	// not change; the chunk heap releases regardless). The caller has made
 	// sure no GPU work still uses freed blocks. On error, what was released
 	// so far stays released and accounted.
-	release(limit uint64) (uint64, error)
+	release(limit uint64, keep bool) (uint64, error)
 	// reserved is the device memory the heap holds, in bytes.
 	reserved() uint64
 	// granularity is the unit in which the heap takes memory, in bytes.

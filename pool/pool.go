@@ -43,6 +43,11 @@ type Pool struct {
 
 	total      uint64 // device memory in bytes, at New
 	pitchAlign uint64 // cuMemAllocPitch's pitch unit, probed on first use
+	// probe is the pitch probe's allocation (probeBytes bytes) when the
+	// driver refused to free it: still the pool's and counted as reserved,
+	// freed again at the next pitch allocation and at Close.
+	probe      uintptr
+	probeBytes uint64
 	c          counters
 	closed     bool
 	lockedFree int // frees under the lock since the last policy check
@@ -176,10 +181,16 @@ func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 			return ptr, nil
 		}
 	}
+	return p.allocSlow(size, s, cached)
+}
+
+// allocSlow is AllocOn's path under the lock, apart so that the fast path
+// stays small.
+func (p *Pool) allocSlow(size uint64, s device.Stream, cached bool) (uintptr, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if cached {
-		return c.refillLocked(size)
+		return p.cache.refillLocked(size)
 	}
 	return p.allocLocked(size, 0, s)
 }
@@ -248,6 +259,13 @@ func (p *Pool) notePeaks() {
 // allocBlock finds a block for size bytes on stream s: a block pending on
 // s of the same size class, the index, or the slow path.
 func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool, error) {
+	// A VMM pool can never hold more than its virtual range: refuse at
+	// once, before the slow path flushes, polls or releases anything.
+	if h, ok := p.heap.(*vmmHeap); ok {
+		if r, _ := p.x.RoundUp(size); r > h.vsize {
+			return tlsf.Block{}, false, fmt.Errorf("%w: %d bytes exceed the virtual range of %d bytes", ErrTooLarge, r, h.vsize)
+		}
+	}
 	st, err := p.ss.use(s)
 	if err != nil {
 		return tlsf.Block{}, false, fmt.Errorf("pool: registering stream %#x: %w", uintptr(s), err)
@@ -421,7 +439,7 @@ func (p *Pool) reserved() uint64 {
 	if p.pt != nil {
 		return p.pt.reserved
 	}
-	return p.heap.reserved()
+	return p.heap.reserved() + p.probeBytes
 }
 
 func (p *Pool) noteReserved() {
@@ -481,18 +499,38 @@ func (p *Pool) AllocPitch(widthBytes, height uint64) (uintptr, uint64, error) {
 // pitchUnit asks the driver once for the pitch of a one-byte-wide row:
 // the unit cuMemAllocPitch rounds pitches to.
 func (p *Pool) pitchUnit() (uint64, error) {
+	p.freeProbe()
 	if p.pitchAlign == 0 {
 		ptr, pitch, err := p.dev.MemAllocPitch(1, 1, 4)
 		if err != nil {
+			if isOOM(err) {
+				p.c.ooms++
+				return 0, fmt.Errorf("%w: probing the pitch alignment: %w", ErrOutOfMemory, err)
+			}
 			return 0, fmt.Errorf("pool: probing the pitch alignment: %w", err)
 		}
-		_ = p.dev.MemFree(ptr)
+		if p.dev.MemFree(ptr) != nil {
+			p.probe, p.probeBytes = ptr, pitch
+			p.noteReserved()
+		}
 		if pitch == 0 || pitch&(pitch-1) != 0 {
 			pitch = 512
 		}
 		p.pitchAlign = pitch
 	}
 	return p.pitchAlign, nil
+}
+
+// freeProbe frees the pitch probe's allocation if an earlier free failed.
+func (p *Pool) freeProbe() error {
+	if p.probe == 0 {
+		return nil
+	}
+	if err := p.dev.MemFree(p.probe); err != nil {
+		return err
+	}
+	p.probe, p.probeBytes = 0, 0
+	return nil
 }
 
 // Free frees ptr as used on the default stream: FreeOn(ptr, 0).
@@ -508,9 +546,14 @@ func (p *Pool) Free(ptr uintptr) error { return p.FreeOn(ptr, 0) }
 // Errors: ErrDoubleFree, ErrUnknownPointer (foreign, or inside an
 // allocation), ErrClosed; device errors from recording the free's event.
 func (p *Pool) FreeOn(ptr uintptr, s device.Stream) error {
-	if c := p.cache; c != nil && s == 0 && c.free(ptr) {
+	if c := p.cache; c != nil && s == 0 && ptr%indexGranularity == 0 && c.free(ptr) {
 		return nil
 	}
+	return p.freeSlow(ptr, s)
+}
+
+// freeSlow is FreeOn's path under the lock.
+func (p *Pool) freeSlow(ptr uintptr, s device.Stream) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.freeLocked(ptr, s)
@@ -522,6 +565,11 @@ func (p *Pool) freeLocked(ptr uintptr, s device.Stream) error {
 	}
 	if p.pt != nil {
 		return p.pt.free(p, ptr, s)
+	}
+	if ptr%indexGranularity != 0 {
+		// No block starts there. (Nor may 2^64−1 reach the index's address
+		// table, where it marks empty slots.)
+		return fmt.Errorf("%w: %#x is not %d-byte aligned", ErrUnknownPointer, ptr, indexGranularity)
 	}
 	b, err := p.x.Lookup(uint64(ptr))
 	if err != nil {
@@ -536,6 +584,9 @@ func (p *Pool) freeLocked(ptr uintptr, s device.Stream) error {
 		if !p.cache.takeLive(b.Addr) {
 			return fmt.Errorf("%w: %#x", ErrDoubleFree, ptr)
 		}
+		// Live in the pool's own counters from now on, so that a failure
+		// below leaves it a consistent live block.
+		p.meta[b.ID].state = stateLive
 		p.c.allocated += b.Size
 		p.c.active += b.Size
 		p.c.allocations++
@@ -551,6 +602,12 @@ func (p *Pool) freeLocked(ptr uintptr, s device.Stream) error {
 	p.c.active -= b.Size
 	p.meta[b.ID].state = 0
 	if err := p.releaseFreed(b, s); err != nil {
+		// The free did not happen: the block is still the caller's.
+		p.meta[b.ID].state = stateLive
+		p.c.frees--
+		p.c.allocated += b.Size
+		p.c.allocations++
+		p.c.active += b.Size
 		return err
 	}
 	p.afterLockedFree()
@@ -629,14 +686,18 @@ func (p *Pool) afterLockedFree() {
 	}
 }
 
-// makeRoom applies ReleaseFraction before the pool maps k more bytes:
-// when unused reserved memory (reserved minus the blocks in use, pending
-// or in caches) would exceed ReleaseFraction of reserved, it first returns
-// up to k bytes of it, those under the largest free blocks. Memory is then
-// recycled rather than added while enough of it is unused, and reserved
-// memory stays within 1/(1−ReleaseFraction) of the memory in use at every
-// growth. Memory is released only when more must be mapped, so a program
-// whose use rises and falls in steps keeps its peak mapped between them.
+// makeRoom applies ReleaseFraction before the pool maps k more bytes: it
+// keeps reserved memory within (1 + ReleaseFraction) × the peak of memory
+// in use (blocks live, pending or in caches, the new one included). When
+// mapping k bytes would cross that line, it first returns unused memory,
+// from under the largest free blocks, down to (1 + ReleaseFraction/2) ×
+// the peak: the half-way mark spaces releases out.
+//
+// Measuring against the peak rather than the memory in use now is what
+// keeps a program whose use rises and falls in steps (a training loop)
+// from unmapping memory between steps and mapping it again in the next:
+// memory it needed at its peak stays mapped, and only the excess that
+// fragmentation of the address range would add beyond it is recycled.
 func (p *Pool) makeRoom(k uint64) error {
 	f := p.opts.ReleaseFraction
 	if f <= 0 {
@@ -646,13 +707,19 @@ func (p *Pool) makeRoom(k uint64) error {
 	if p.cache != nil {
 		used += p.cache.sysBytes
 	}
+	peak := float64(max(p.c.activePeak, used+k))
 	res := p.reserved()
-	unused := res - min(res, used)
-	limit := uint64(f * float64(res+k))
-	if unused <= limit {
+	if float64(res+k) <= (1+f)*peak {
 		return nil
 	}
-	_, err := p.releaseUnused(min(unused-limit, k))
+	excess := res + k - min(res+k, uint64((1+f/2)*peak))
+	unused := res - min(res, used)
+	if err := p.ss.syncDirty(); err != nil {
+		return err
+	}
+	// Move the pages rather than return them: the mapping about to be
+	// made takes them back at once.
+	_, err := p.heap.release(min(excess, unused, k), true)
 	return err
 }
 
@@ -666,7 +733,7 @@ func (p *Pool) releaseUnused(limit uint64) (uint64, error) {
 	if err := p.ss.syncDirty(); err != nil {
 		return 0, err
 	}
-	n, err := p.heap.release(limit)
+	n, err := p.heap.release(limit, false)
 	if n > 0 {
 		p.c.releases++
 		p.c.releasedBytes += n
@@ -689,6 +756,7 @@ func (p *Pool) Trim() (uint64, error) {
 	if err := p.pollPending(true); err != nil {
 		return 0, err
 	}
+	_ = p.freeProbe() // counted as reserved until it succeeds
 	return p.releaseUnused(math.MaxUint64)
 }
 
@@ -714,7 +782,7 @@ func (p *Pool) Close() error {
 	if p.pt != nil {
 		errs = append(errs, p.pt.close(p))
 	} else {
-		errs = append(errs, p.heap.close())
+		errs = append(errs, p.freeProbe(), p.heap.close())
 	}
 	if p.owned {
 		errs = append(errs, p.dev.Device.Close())

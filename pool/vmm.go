@@ -33,6 +33,20 @@ type vmmHeap struct {
 	mapped  []bool             // by page
 	nMapped uint64             // pages mapped
 	holes   uint64             // unmapped pages below end
+	// orphans are physical allocations unmapped or never mapped whose
+	// cuMemRelease failed: still the pool's, counted as reserved, and
+	// released again at the next release or Close.
+	orphans []device.MemHandle
+	// stray pages are mapped, without access, by a mapping that failed
+	// and could not be undone (cuMemUnmap failed too). They count as
+	// mapped (reserved) and, below end, as holes; they are unmapped before
+	// the heap next maps, releases or closes.
+	stray  []bool // by page
+	nStray uint64
+	// spares are physical allocations unmapped by recycle and kept for the
+	// next mapping: moving a page costs cuMemUnmap and cuMemMap instead of
+	// also cuMemRelease and cuMemCreate. They count as reserved.
+	spares []device.MemHandle
 }
 
 func newVMMHeap(dev *counted, x *tlsf.Index, vsize, total uint64) (*vmmHeap, error) {
@@ -56,10 +70,13 @@ func newVMMHeap(dev *counted, x *tlsf.Index, vsize, total uint64) (*vmmHeap, err
 		dev: dev, x: x, gran: gran, base: uint64(base), vsize: vsize, end: uint64(base),
 		handles: make([]device.MemHandle, pages),
 		mapped:  make([]bool, pages),
+		stray:   make([]bool, pages),
 	}, nil
 }
 
-func (h *vmmHeap) reserved() uint64    { return h.nMapped * h.gran }
+func (h *vmmHeap) reserved() uint64 {
+	return (h.nMapped + uint64(len(h.orphans)+len(h.spares))) * h.gran
+}
 func (h *vmmHeap) granularity() uint64 { return h.gran }
 
 func (h *vmmHeap) need(size, align uint64) uint64 {
@@ -90,6 +107,9 @@ func (h *vmmHeap) grow(need, want uint64) error {
 		return errNoRoom // the range is used up to its end
 	}
 	want = min(max(want, need), room)
+	if err := h.unmapStrays(); err != nil {
+		return err
+	}
 	first := (h.end - h.base) / h.gran
 	n, err := h.mapRun(first, want/h.gran, need/h.gran)
 	if err != nil {
@@ -110,19 +130,27 @@ func (h *vmmHeap) grow(need, want uint64) error {
 }
 
 // mapRun maps up to n pages from page first (at least min of them, else
-// none): a physical allocation and a mapping per page, then access for
-// the whole run. It returns how many it mapped.
+// none): a physical allocation (a spare, else a new one) and a mapping per
+// page, then access for the whole run. It returns how many it mapped.
 func (h *vmmHeap) mapRun(first, n, least uint64) (uint64, error) {
 	var done uint64
 	var err error
 	for ; done < n; done++ {
 		p := first + done
 		var mh device.MemHandle
-		if mh, err = h.dev.MemCreate(h.gran); err != nil {
+		spare := len(h.spares) > 0
+		if spare {
+			mh = h.spares[len(h.spares)-1]
+			h.spares = h.spares[:len(h.spares)-1]
+		} else if mh, err = h.dev.MemCreate(h.gran); err != nil {
 			break
 		}
 		if err = h.dev.MemMap(uintptr(h.pageAddr(p)), h.gran, mh); err != nil {
-			_ = h.dev.MemRelease(mh)
+			if spare {
+				h.spares = append(h.spares, mh)
+			} else {
+				h.releaseHandle(mh)
+			}
 			break
 		}
 		h.handles[p] = mh
@@ -130,22 +158,65 @@ func (h *vmmHeap) mapRun(first, n, least uint64) (uint64, error) {
 		h.nMapped++
 	}
 	if err != nil && done < least {
-		h.unmapRun(first, done)
+		h.unmapOrStray(first, done)
 		return 0, err
 	}
 	if done == 0 {
 		return 0, err
 	}
 	if aerr := h.dev.MemSetAccess(uintptr(h.pageAddr(first)), done*h.gran); aerr != nil {
-		h.unmapRun(first, done)
+		h.unmapOrStray(first, done)
 		return 0, aerr
 	}
 	return done, nil
 }
 
+// unmapOrStray undoes a mapping of pages [first, first+n) that has no
+// access yet; if the driver refuses, the pages stay mapped as strays.
+func (h *vmmHeap) unmapOrStray(first, n uint64) {
+	if h.unmapRun(first, n) == nil {
+		return
+	}
+	for p := first; p < first+n; p++ {
+		h.stray[p] = true
+	}
+	h.nStray += n
+}
+
+// unmapStrays unmaps the stray pages. Those below end stay holes.
+func (h *vmmHeap) unmapStrays() error {
+	for p := uint64(0); h.nStray > 0 && p < uint64(len(h.stray)); {
+		if !h.stray[p] {
+			p++
+			continue
+		}
+		q := p
+		for q < uint64(len(h.stray)) && h.stray[q] {
+			q++
+		}
+		if err := h.unmapRun(p, q-p); err != nil {
+			return err
+		}
+		for r := p; r < q; r++ {
+			h.stray[r] = false
+		}
+		h.nStray -= q - p
+		p = q
+	}
+	return nil
+}
+
 // unmapRun unmaps pages [first, first+n), all mapped, and releases their
-// physical memory. Errors are returned after trying every page.
+// physical memory. It fails only when the unmap fails, and then changes
+// nothing; a page whose release fails is unmapped all the same and its
+// handle kept as an orphan.
 func (h *vmmHeap) unmapRun(first, n uint64) error {
+	return h.unmap(first, n, false)
+}
+
+// unmap unmaps pages [first, first+n), all mapped, and releases their
+// physical memory, or keeps it as spares.
+func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 	if n == 0 {
 		return nil
 	}
@@ -153,16 +224,41 @@ func (h *vmmHeap) unmapRun(first, n uint64) error {
 	if err != nil {
 		return err // still mapped: keep accounting them
 	}
-	var errs []error
 	for p := first; p < first+n; p++ {
-		if rerr := h.dev.MemRelease(h.handles[p]); rerr != nil {
-			errs = append(errs, rerr)
+		if keep {
+			h.spares = append(h.spares, h.handles[p])
+		} else {
+			h.releaseHandle(h.handles[p])
 		}
 		h.handles[p] = 0
 		h.mapped[p] = false
 		h.nMapped--
 	}
-	return errors.Join(errs...)
+	return nil
+}
+
+// releaseHandle releases a physical allocation mapped nowhere, keeping it
+// as an orphan if the driver refuses.
+func (h *vmmHeap) releaseHandle(mh device.MemHandle) {
+	if err := h.dev.MemRelease(mh); err != nil {
+		h.orphans = append(h.orphans, mh)
+	}
+}
+
+// releaseOrphans releases the orphans again and returns the bytes
+// released and the errors of those that stay.
+func (h *vmmHeap) releaseOrphans() (uint64, error) {
+	var errs []error
+	kept := h.orphans[:0]
+	for _, mh := range h.orphans {
+		if err := h.dev.MemRelease(mh); err != nil {
+			errs = append(errs, err)
+			kept = append(kept, mh)
+		}
+	}
+	released := uint64(len(h.orphans)-len(kept)) * h.gran
+	h.orphans = kept
+	return released, errors.Join(errs...)
 }
 
 func (h *vmmHeap) pageAddr(p uint64) uint64 { return h.base + p*h.gran }
@@ -179,7 +275,7 @@ func (h *vmmHeap) unbacked(b tlsf.Block) uint64 {
 	var n uint64
 	first, end := h.pages(b)
 	for p := first; p < end; p++ {
-		if !h.mapped[p] {
+		if !h.mapped[p] || h.stray[p] {
 			n++
 		}
 	}
@@ -190,6 +286,9 @@ func (h *vmmHeap) unbacked(b tlsf.Block) uint64 {
 func (h *vmmHeap) back(b tlsf.Block) error {
 	if h.holes == 0 {
 		return nil
+	}
+	if err := h.unmapStrays(); err != nil {
+		return err
 	}
 	first, end := h.pages(b)
 	var mappedNow [][2]uint64
@@ -204,8 +303,9 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 		}
 		if _, err := h.mapRun(p, q-p, q-p); err != nil {
 			for _, r := range mappedNow {
-				_ = h.unmapRun(r[0], r[1])
-				h.holes += r[1]
+				if h.unmapRun(r[0], r[1]) == nil {
+					h.holes += r[1]
+				} // else the run stays mapped: backed, no longer holes
 			}
 			return err
 		}
@@ -218,8 +318,30 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 
 // release unmaps mapped pages that lie wholly inside free blocks, those of
 // the largest free blocks first (they are the least likely to be cut up
-// and reused soon), until limit bytes are released.
-func (h *vmmHeap) release(limit uint64) (uint64, error) {
+// and reused soon), until limit bytes are released. With keep, it keeps
+// their physical memory as spares for the next mapping instead, and
+// reports the bytes so moved.
+func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
+	if err := h.unmapStrays(); err != nil {
+		return 0, err
+	}
+	var released uint64
+	if !keep {
+		var errs []error
+		for len(h.spares) > 0 && released < limit {
+			mh := h.spares[len(h.spares)-1]
+			h.spares = h.spares[:len(h.spares)-1]
+			if err := h.dev.MemRelease(mh); err != nil {
+				h.orphans = append(h.orphans, mh)
+				errs = append(errs, err)
+				continue
+			}
+			released += h.gran
+		}
+		if err := errors.Join(errs...); err != nil {
+			return released, err
+		}
+	}
 	type run struct{ first, n, blockSize uint64 }
 	var runs []run
 	h.x.Walk(func(b tlsf.Block) bool {
@@ -243,7 +365,13 @@ func (h *vmmHeap) release(limit uint64) (uint64, error) {
 		return true
 	})
 	slices.SortStableFunc(runs, func(a, b run) int { return cmp.Compare(b.blockSize, a.blockSize) })
-	var released uint64
+	if !keep {
+		n, err := h.releaseOrphans()
+		released += n
+		if err != nil {
+			return released, err
+		}
+	}
 	for _, r := range runs {
 		if released >= limit {
 			break
@@ -255,18 +383,22 @@ func (h *vmmHeap) release(limit uint64) (uint64, error) {
 			n = (left + h.gran - 1) / h.gran
 		}
 		// Release the top of the run: the bottom may be cut off first.
-		if err := h.unmapRun(r.first+r.n-n, n); err != nil {
+		orphans := len(h.orphans)
+		if err := h.unmap(r.first+r.n-n, n, keep); err != nil {
 			return released, err
 		}
 		h.holes += n
-		released += n * h.gran
+		released += (n - uint64(len(h.orphans)-orphans)) * h.gran
 	}
 	return released, nil
 }
 
 func (h *vmmHeap) close() error {
 	var errs []error
-	pages := (h.end - h.base) / h.gran
+	if err := h.unmapStrays(); err != nil {
+		errs = append(errs, err)
+	}
+	pages := uint64(len(h.mapped)) // strays may lie above end
 	for p := uint64(0); p < pages; {
 		if !h.mapped[p] {
 			p++
@@ -281,6 +413,13 @@ func (h *vmmHeap) close() error {
 		}
 		p = q
 	}
+	for _, mh := range h.spares {
+		h.releaseHandle(mh)
+	}
+	h.spares = nil
+	if _, err := h.releaseOrphans(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := h.dev.AddressFree(uintptr(h.base), h.vsize); err != nil {
 		errs = append(errs, err)
 	}
@@ -291,29 +430,36 @@ func (h *vmmHeap) close() error {
 // end counted, nothing mapped at or above end, and every allocated block
 // of the index backed.
 func (h *vmmHeap) check() error {
-	var mapped, holes uint64
+	var mapped, holes, strays uint64
 	top := (h.end - h.base) / h.gran
 	for p, m := range h.mapped {
-		switch {
-		case m:
+		if h.stray[p] {
+			strays++
+			if !m {
+				return fmt.Errorf("pool: stray page %d not mapped", p)
+			}
+		}
+		if m {
 			mapped++
-			if uint64(p) >= top {
+			if uint64(p) >= top && !h.stray[p] {
 				return fmt.Errorf("pool: page %d mapped above the heap's end", p)
 			}
-		case uint64(p) < top:
+		}
+		if uint64(p) < top && (!m || h.stray[p]) {
 			holes++
 		}
 	}
-	if mapped != h.nMapped || holes != h.holes {
-		return fmt.Errorf("pool: %d pages mapped and %d holes by walk, %d and %d counted", mapped, holes, h.nMapped, h.holes)
+	if mapped != h.nMapped || holes != h.holes || strays != h.nStray {
+		return fmt.Errorf("pool: %d pages mapped, %d holes and %d strays by walk, %d, %d and %d counted",
+			mapped, holes, strays, h.nMapped, h.holes, h.nStray)
 	}
 	var bad error
 	h.x.Walk(func(b tlsf.Block) bool {
 		if !b.Free {
 			first, end := h.pages(b)
 			for p := first; p < end; p++ {
-				if !h.mapped[p] {
-					bad = fmt.Errorf("pool: allocated block %#x lies on unmapped page %d", b.Addr, p)
+				if !h.mapped[p] || h.stray[p] {
+					bad = fmt.Errorf("pool: allocated block %#x lies on unmapped or stray page %d", b.Addr, p)
 					return false
 				}
 			}

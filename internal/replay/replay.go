@@ -9,7 +9,9 @@
 package replay
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gpumem/tlsf/internal/trace"
@@ -29,6 +31,27 @@ type Result struct {
 	FirstErr error         // the first allocation error
 	PeakLive uint64        // peak of the bytes of live blocks, as the trace sizes them
 	Elapsed  time.Duration // wall time of the replay loop
+	// Left holds the blocks the trace leaves live (it never frees them),
+	// for FreeLeft.
+	Left []Left
+}
+
+// Left is a block a replay left live: its pointer and trace stream.
+type Left struct {
+	Ptr    uintptr
+	Stream uint64
+}
+
+// FreeLeft frees the blocks a replay left live, so that the allocator can
+// replay the trace again from the same state (a warm replay).
+func (r *Result) FreeLeft(a Allocator) error {
+	for _, l := range r.Left {
+		if err := a.Free(l.Ptr, l.Stream); err != nil {
+			return fmt.Errorf("replay: freeing a block left live: %w", err)
+		}
+	}
+	r.Left = nil
+	return nil
 }
 
 // NsPerOp is the wall time per operation in nanoseconds.
@@ -42,7 +65,11 @@ func (r Result) NsPerOp() float64 {
 // Run replays t through a. A free that fails is an error (the trace or the
 // allocator is broken); allocation failures are counted.
 func Run(t *trace.Trace, a Allocator) (Result, error) {
-	live := make(map[uint64]uintptr, 1024)
+	type block struct {
+		ptr    uintptr
+		stream uint64
+	}
+	live := make(map[uint64]block, 1024)
 	var res Result
 	var cur uint64
 	start := time.Now()
@@ -56,24 +83,28 @@ func Run(t *trace.Trace, a Allocator) (Result, error) {
 				res.Failed++
 				continue
 			}
-			live[op.ID] = ptr
+			live[op.ID] = block{ptr, op.Stream}
 			cur += op.Size
 			res.PeakLive = max(res.PeakLive, cur)
 			res.Ops++
 			continue
 		}
-		ptr, ok := live[op.ID]
+		b, ok := live[op.ID]
 		if !ok {
 			continue // its allocation failed
 		}
 		delete(live, op.ID)
-		if err := a.Free(ptr, op.Stream); err != nil {
+		if err := a.Free(b.ptr, op.Stream); err != nil {
 			return res, fmt.Errorf("replay %s: op %d: free of block %d: %w", t.Name, i, op.ID, err)
 		}
 		cur -= op.Size
 		res.Ops++
 	}
 	res.Elapsed = time.Since(start)
+	for _, b := range live {
+		res.Left = append(res.Left, Left{Ptr: b.ptr, Stream: b.stream})
+	}
+	slices.SortFunc(res.Left, func(x, y Left) int { return cmp.Compare(x.Ptr, y.Ptr) })
 	return res, nil
 }
 
