@@ -12,6 +12,7 @@ import (
 	"errors"
 	"runtime"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -362,4 +363,49 @@ func BenchmarkCUDAMemAllocFree(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkCUDAVMMPage times each virtual memory management call of the
+// pool's page cycle for one 2 MiB granule: cuMemCreate, cuMemMap,
+// cuMemSetAccess, cuMemUnmap, cuMemRelease (metrics in µs per call). The
+// simulated device's latency model takes its VMM figures from this.
+func BenchmarkCUDAVMMPage(b *testing.B) {
+	d := openCUDA(b)
+	gran, err := d.AllocationGranularity()
+	cuMust(b, err)
+	const pages = 64
+	va, err := d.AddressReserve(pages*gran, 0)
+	cuMust(b, err)
+	defer func() { cuMust(b, d.AddressFree(va, pages*gran)) }()
+	var t [5]time.Duration
+	calls := 0
+	for b.Loop() {
+		hs := make([]MemHandle, pages)
+		for i := range hs {
+			t0 := time.Now()
+			h, err := d.MemCreate(gran)
+			cuMust(b, err)
+			t1 := time.Now()
+			cuMust(b, d.MemMap(va+uintptr(i)*uintptr(gran), gran, h))
+			t2 := time.Now()
+			cuMust(b, d.MemSetAccess(va+uintptr(i)*uintptr(gran), gran))
+			t[0] += t1.Sub(t0)
+			t[1] += t2.Sub(t1)
+			t[2] += time.Since(t2)
+			hs[i] = h
+		}
+		for i, h := range hs {
+			t0 := time.Now()
+			cuMust(b, d.MemUnmap(va+uintptr(i)*uintptr(gran), gran))
+			t1 := time.Now()
+			cuMust(b, d.MemRelease(h))
+			t[3] += t1.Sub(t0)
+			t[4] += time.Since(t1)
+		}
+		calls += pages
+	}
+	for i, name := range []string{"create", "map", "setaccess", "unmap", "release"} {
+		b.ReportMetric(float64(t[i].Microseconds())/float64(calls), name+"-µs")
+	}
+	b.ReportMetric(0, "ns/op")
 }

@@ -14,17 +14,18 @@ package device
 //     222 µs at 2 GiB;
 //   - cuMemFree: about 35 µs up to 16 MiB, 148 µs at 256 MiB, 874 µs at
 //     2 GiB.
+//   - for one 2 MiB page (BenchmarkCUDAVMMPage, mean of 1280 calls each,
+//     overhead included): cuMemCreate 12.2 µs, cuMemMap 2.4 µs,
+//     cuMemSetAccess 28.0 µs, cuMemUnmap 19.6 µs, cuMemRelease 13.8 µs.
 // Costs between the points are interpolated linearly in size and
 // extrapolated beyond the last two. The rest are plausible defaults, not
-// measurements, chosen to keep the relations that matter to a pool (VMM
-// growth costs about what cuMemAlloc does per 2 MiB page; events and
-// queries are cheap; memory operations go at bandwidth):
-//   - cuMemCreate like cuMemAlloc, cuMemRelease like cuMemFree (both
-//     allocate or free the same physical pages);
-//   - cuMemMap 3 µs (records a mapping; page tables are written at access);
-//   - cuMemSetAccess 15 µs for the first 2 MiB plus 0.4 µs per further
-//     2 MiB (page-table writes);
-//   - cuMemUnmap 10 µs plus 0.2 µs per further 2 MiB (TLB shootdown);
+// measurements, chosen to keep the relations that matter to a pool
+// (events and queries are cheap; memory operations go at bandwidth):
+//   - cuMemCreate and cuMemRelease of more than a page grow like
+//     cuMemAlloc and cuMemFree (they allocate or free the same pages);
+//   - cuMemSetAccess and cuMemUnmap of more than a page: the one-page cost
+//     plus 0.4 and 0.2 µs per further 2 MiB (page-table writes, TLB
+//     shootdown);
 //   - cuMemAddressReserve/Free 5 µs; cuMemGetInfo 2 µs; cuMemAllocPitch
 //     like cuMemAlloc;
 //   - stream create/destroy 5 µs; synchronize, wait, event calls 1 µs
@@ -134,11 +135,11 @@ func H200Latency() *Latency {
 		CallMemAllocPitch:     alloc,
 		CallAddressReserve:    flat(5 * us),
 		CallAddressFree:       flat(5 * us),
-		CallMemCreate:         alloc,
-		CallMemRelease:        free,
-		CallMemMap:            flat(3 * us),
-		CallMemUnmap:          Piecewise(LatencyPoint{2 * mib, 10 * us}, LatencyPoint{2048 * mib, 10*us + 1023*200*time.Nanosecond}),
-		CallMemSetAccess:      Piecewise(LatencyPoint{2 * mib, 15 * us}, LatencyPoint{2048 * mib, 15*us + 1023*400*time.Nanosecond}),
+		CallMemCreate:         Piecewise(LatencyPoint{2 * mib, 11730 * time.Nanosecond}, LatencyPoint{16 * mib, 40 * us}, LatencyPoint{256 * mib, 59 * us}, LatencyPoint{2048 * mib, 222 * us}),
+		CallMemRelease:        Piecewise(LatencyPoint{2 * mib, 13330 * time.Nanosecond}, LatencyPoint{16 * mib, 35 * us}, LatencyPoint{256 * mib, 148 * us}, LatencyPoint{2048 * mib, 874 * us}),
+		CallMemMap:            flat(1930 * time.Nanosecond),
+		CallMemUnmap:          Piecewise(LatencyPoint{2 * mib, 19130 * time.Nanosecond}, LatencyPoint{2048 * mib, 19130*time.Nanosecond + 1023*200*time.Nanosecond}),
+		CallMemSetAccess:      Piecewise(LatencyPoint{2 * mib, 27530 * time.Nanosecond}, LatencyPoint{2048 * mib, 27530*time.Nanosecond + 1023*400*time.Nanosecond}),
 		CallStreamCreate:      flat(5 * us),
 		CallStreamDestroy:     flat(5 * us),
 		CallStreamSynchronize: flat(1 * us),

@@ -52,15 +52,17 @@ func procPin() int
 //go:linkname procUnpin runtime.procUnpin
 func procUnpin()
 
-// refillBytes: a refill brings about 128 KiB of blocks of one class, at
+// refillBytes: a refill brings about 64 KiB of blocks of one class, at
 // most maxRefill blocks and at least one: enough that a burst of small
 // allocations takes the pool's lock once per 32 of them.
 const (
-	refillBytes = 128 << 10
+	refillBytes = 64 << 10
 	maxRefill   = 32
 	// minShare is the least each P may cache (bytes), so that a pool that
-	// holds little memory still caches a few blocks.
-	minShare = 1 << 20
+	// holds little memory still caches a working set of small blocks of
+	// many classes (64 KiB refills of a few dozen classes) without
+	// shedding and refilling in turn under the pool's lock.
+	minShare = 4 << 20
 )
 
 // pcache is one P's cache. Fields below lock are guarded by it.
@@ -85,6 +87,19 @@ func liveEntry(size uint64, class int) uint64 { return size<<12 | uint64(class) 
 
 func unpackLive(v uint64) (size uint64, class int) { return v >> 12, int(v & 4095) }
 
+// push stacks a free block's address on its class. A stack's first array
+// holds 8 addresses, a whole cache line: the allocator aligns 64-byte
+// objects to 64 bytes, so no two caches' stacks share a line (smaller
+// first arrays did, and writes from different Ps to one line throttled
+// the caches to the speed of one).
+func (pc *pcache) push(class int, addr uint64) {
+	st := pc.stacks[class]
+	if cap(st) == 0 {
+		st = make([]uint64, 0, 8)
+	}
+	pc.stacks[class] = append(st, addr)
+}
+
 func (pc *pcache) tryLock() bool { return pc.lock.CompareAndSwap(0, 1) }
 func (pc *pcache) unlock()       { pc.lock.Store(0) }
 
@@ -97,8 +112,8 @@ func (pc *pcache) lockWait() {
 
 type cacheSet struct {
 	p        *Pool
-	x        *tlsf.Index // for SizeClass only, which is safe concurrently
-	maxSize  uint64      // largest request served, bytes
+	classes  tlsf.Classes // the index's size classes, a private copy
+	maxSize  uint64       // largest request served, bytes
 	fraction float64
 	ps       []pcache
 	share    atomic.Uint64 // bytes a P's stacks may hold
@@ -109,8 +124,8 @@ type cacheSet struct {
 }
 
 func newCacheSet(p *Pool, o CacheOptions) *cacheSet {
-	c := &cacheSet{p: p, x: p.x, maxSize: min(o.MaxSize, tlsf.MaxSize), fraction: o.MaxFraction}
-	maxClass, _ := c.x.SizeClass(c.maxSize)
+	c := &cacheSet{p: p, classes: p.x.Classes(), maxSize: min(o.MaxSize, tlsf.MaxSize), fraction: o.MaxFraction}
+	maxClass, _ := c.classes.SizeClass(c.maxSize)
 	c.ps = make([]pcache, runtime.GOMAXPROCS(0))
 	for i := range c.ps {
 		c.ps[i].stacks = make([][]uint64, maxClass+1)
@@ -127,7 +142,7 @@ func (c *cacheSet) serves(size uint64, s uintptr) bool {
 
 // alloc pops a block of size's class from the current P's cache.
 func (c *cacheSet) alloc(size uint64) (uintptr, bool) {
-	class, r := c.x.SizeClass(size)
+	class, r := c.classes.SizeClass(size)
 	pid := procPin()
 	if pid >= len(c.ps) {
 		procUnpin()
@@ -178,7 +193,7 @@ func (c *cacheSet) free(ptr uintptr) bool {
 		return false
 	}
 	r, class := unpackLive(v)
-	pc.stacks[class] = append(pc.stacks[class], uint64(ptr))
+	pc.push(class, uint64(ptr))
 	pc.liveBytes -= r
 	pc.liveBlocks--
 	pc.stackBytes += r
@@ -207,7 +222,7 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 	if size == 0 {
 		return 0, ErrInvalidSize
 	}
-	_, r := c.x.SizeClass(size)
+	_, r := c.classes.SizeClass(size)
 	b, reused, err := p.allocBlock(size, 0, 0)
 	if err != nil {
 		return 0, err
@@ -247,9 +262,9 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 	}
 	pc := &c.ps[pid]
 	pc.lockWait()
-	class, _ := c.x.SizeClass(r)
+	class, _ := c.classes.SizeClass(r)
 	for _, nb := range batch[1:] {
-		pc.stacks[class] = append(pc.stacks[class], nb.Addr)
+		pc.push(class, nb.Addr)
 		pc.stackBytes += nb.Size
 		pc.stackBlocks++
 	}
@@ -270,7 +285,10 @@ func (c *cacheSet) stackRoom(r uint64) bool { return 2*r <= c.share.Load() }
 // held.
 func (c *cacheSet) updateShare() {
 	budget := uint64(c.fraction * float64(c.p.reserved()))
-	c.share.Store(max(budget/uint64(len(c.ps)), minShare))
+	// Store only a change: every P reads share on every free.
+	if share := max(budget/uint64(len(c.ps)), minShare); share != c.share.Load() {
+		c.share.Store(share)
+	}
 }
 
 // shed gives the oldest blocks of the current P's cache back to the index
@@ -333,10 +351,10 @@ func (c *cacheSet) giveBack(addr uint64) {
 	p.setMeta(b, stateCached)
 	c.sysBytes += b.Size
 	c.sysBlocks++
-	class, _ := c.x.SizeClass(b.Size)
+	class, _ := c.classes.SizeClass(b.Size)
 	pc := &c.ps[0]
 	pc.lockWait()
-	pc.stacks[class] = append(pc.stacks[class], addr)
+	pc.push(class, addr)
 	pc.stackBytes += b.Size
 	pc.stackBlocks++
 	pc.unlock()
@@ -449,7 +467,7 @@ func (c *cacheSet) check() error {
 		}
 		pc.live.All(func(a, v uint64) bool {
 			r, class := unpackLive(v)
-			if want, _ := c.x.SizeClass(r); want != class {
+			if want, _ := c.classes.SizeClass(r); want != class {
 				bad = fmt.Errorf("pool: block %#x of %d bytes recorded in class %d, not %d", a, r, class, want)
 			}
 			lb += r

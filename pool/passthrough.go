@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -16,6 +17,10 @@ type passthrough struct {
 	live     map[uintptr]uint64 // pointer → driver bytes (pitch × height for pitch)
 	freed    map[uintptr]struct{}
 	reserved uint64
+	// stuck holds pitch allocations refused by the cap whose cuMemFree
+	// failed: still the pool's, counted as reserved, freed again at the
+	// next free and at Close.
+	stuck map[uintptr]uint64
 }
 
 // maxFreedMemory bounds the freed-pointer memory; past it, a double free
@@ -23,7 +28,7 @@ type passthrough struct {
 const maxFreedMemory = 1 << 16
 
 func newPassthrough() *passthrough {
-	return &passthrough{live: map[uintptr]uint64{}, freed: map[uintptr]struct{}{}}
+	return &passthrough{live: map[uintptr]uint64{}, freed: map[uintptr]struct{}{}, stuck: map[uintptr]uint64{}}
 }
 
 // admit checks the cap for bytes more of reserved memory.
@@ -58,7 +63,11 @@ func (t *passthrough) allocPitch(p *Pool, width, height uint64) (uintptr, uint64
 	}
 	size := pitch * height
 	if err := t.admit(p, size); err != nil {
-		_ = p.dev.MemFree(ptr)
+		if p.dev.MemFree(ptr) != nil {
+			t.stuck[ptr] = size
+			t.reserved += size
+			p.noteReserved()
+		}
 		return 0, 0, err
 	}
 	t.noteAlloc(p, ptr, size)
@@ -99,13 +108,15 @@ func (t *passthrough) rounded(p *Pool, size uint64) uint64 {
 func (t *passthrough) free(p *Pool, ptr uintptr, s device.Stream) error {
 	size, ok := t.live[ptr]
 	if !ok {
-		if _, was := t.freed[ptr]; was {
-			return fmt.Errorf("%w: %#x", ErrDoubleFree, ptr)
-		}
+		// Inside a live allocation first: the driver may have reused a
+		// freed pointer's address for a larger allocation below it.
 		for a, n := range t.live {
 			if ptr > a && uint64(ptr-a) < n {
 				return fmt.Errorf("%w: %#x is inside the allocation at %#x", ErrUnknownPointer, ptr, a)
 			}
+		}
+		if _, was := t.freed[ptr]; was {
+			return fmt.Errorf("%w: %#x", ErrDoubleFree, ptr)
 		}
 		return fmt.Errorf("%w: %#x", ErrUnknownPointer, ptr)
 	}
@@ -127,11 +138,27 @@ func (t *passthrough) free(p *Pool, ptr uintptr, s device.Stream) error {
 	c.allocated -= r
 	c.active -= r
 	c.allocations--
+	_ = t.freeStuck(p) // counted as reserved until it succeeds
 	return nil
 }
 
+// freeStuck frees the stuck allocations it can and returns the first
+// error.
+func (t *passthrough) freeStuck(p *Pool) error {
+	var first error
+	for _, ptr := range slices.Sorted(maps.Keys(t.stuck)) {
+		if err := p.dev.MemFree(ptr); err != nil {
+			first = cmp.Or(first, err)
+			continue
+		}
+		t.reserved -= t.stuck[ptr]
+		delete(t.stuck, ptr)
+	}
+	return first
+}
+
 func (t *passthrough) close(p *Pool) error {
-	var errs []error
+	errs := []error{t.freeStuck(p)}
 	for _, ptr := range slices.Sorted(maps.Keys(t.live)) {
 		if err := p.dev.MemFree(ptr); err != nil {
 			errs = append(errs, err)

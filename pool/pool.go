@@ -378,14 +378,24 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	if err != nil {
 		return tlsf.Block{}, err
 	}
-	need := p.heap.need(r, align)
+	// An aligned search (AllocAligned) takes a free block of the size
+	// class of r plus the padding any alignment may cost: make room for
+	// that, or a block that fits exactly is never found.
+	room, roomAlign := r, align
+	if align > indexGranularity {
+		if room, err = p.x.RoundUp(r + align - indexGranularity); err != nil {
+			return tlsf.Block{}, fmt.Errorf("%w: %d bytes aligned to %d", ErrTooLarge, size, align)
+		}
+		roomAlign = 0
+	}
+	need := p.heap.need(room, roomAlign)
 	if need == 0 {
 		return p.search(size, align)
 	}
 	if err := p.makeRoom(need); err != nil {
 		return tlsf.Block{}, err
 	}
-	need = p.heap.need(r, align) // a release may have cut the free tail
+	need = p.heap.need(room, roomAlign) // a release may have cut the free tail
 	free, _, err := p.dev.MemGetInfo()
 	if err != nil {
 		return tlsf.Block{}, err

@@ -119,6 +119,9 @@ func (p *Pool) Check() error {
 			sum += n
 			rounded += p.pt.rounded(p, n)
 		}
+		for _, n := range p.pt.stuck {
+			sum += n
+		}
 		if sum != p.pt.reserved || rounded != p.c.allocated || int64(len(p.pt.live)) != p.c.allocations {
 			return fmt.Errorf("pool: passthrough accounting: live %d bytes (%d rounded) in %d, reserved %d, allocated %d in %d",
 				sum, rounded, len(p.pt.live), p.pt.reserved, p.c.allocated, p.c.allocations)

@@ -1,6 +1,8 @@
 package pool
 
 import (
+	"errors"
+
 	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/tlsf"
 )
@@ -37,15 +39,24 @@ type batch struct {
 	addrs []uint64
 }
 
+// pendingBlock is a block awaiting its batch's event. The size tells a
+// current entry of bySize from a stale one left by an earlier block at
+// the same address: a block reclaimed, reallocated at another size class
+// and freed again on the stream is pending under its new size only.
+type pendingBlock struct {
+	seq  uint64 // the batch
+	size uint64 // bytes
+}
+
 type streamState struct {
 	s     device.Stream
 	dirty bool // frees went to the index since the last synchronization
 
-	pending map[uint64]uint64   // multi mode: block address → batch seq
-	bySize  map[uint64][]uint64 // block size → addresses (entries may be stale)
-	stale   int                 // stale entries in bySize
-	open    *batch              // its event is recorded after every free
-	sealed  []*batch            // oldest first
+	pending map[uint64]pendingBlock // multi mode: by block address
+	bySize  map[uint64][]uint64     // block size → addresses (entries may be stale)
+	stale   int                     // stale entries in bySize
+	open    *batch                  // its event is recorded after every free
+	sealed  []*batch                // oldest first
 }
 
 type streamSet struct {
@@ -98,10 +109,10 @@ func (ss *streamSet) use(s device.Stream) (*streamState, error) {
 		}
 	}
 	ss.multi = true
-	st.pending = map[uint64]uint64{}
+	st.pending = map[uint64]pendingBlock{}
 	st.bySize = map[uint64][]uint64{}
 	if ss.first.pending == nil {
-		ss.first.pending = map[uint64]uint64{}
+		ss.first.pending = map[uint64]pendingBlock{}
 		ss.first.bySize = map[uint64][]uint64{}
 	}
 	ss.all[s] = st
@@ -137,7 +148,7 @@ func (ss *streamSet) defer_(st *streamState, b tlsf.Block) error {
 		return err
 	}
 	st.open.addrs = append(st.open.addrs, b.Addr)
-	st.pending[b.Addr] = st.open.seq
+	st.pending[b.Addr] = pendingBlock{seq: st.open.seq, size: b.Size}
 	st.bySize[b.Size] = append(st.bySize[b.Size], b.Addr)
 	ss.frees++
 	return nil
@@ -150,7 +161,7 @@ func (ss *streamSet) reuse(st *streamState, size uint64) (uint64, bool) {
 	for len(list) > 0 {
 		addr := list[len(list)-1]
 		list = list[:len(list)-1]
-		if _, ok := st.pending[addr]; ok {
+		if pb, ok := st.pending[addr]; ok && pb.size == size {
 			delete(st.pending, addr)
 			st.bySize[size] = list
 			return addr, true
@@ -189,7 +200,7 @@ func (ss *streamSet) poll(wait bool, reclaim func(addr uint64)) error {
 				break
 			}
 			for _, addr := range b.addrs {
-				if seq, ok := st.pending[addr]; ok && seq == b.seq {
+				if pb, ok := st.pending[addr]; ok && pb.seq == b.seq {
 					delete(st.pending, addr)
 					st.stale++
 					reclaim(addr)
@@ -225,7 +236,7 @@ func (st *streamState) compact() {
 	for size, list := range st.bySize {
 		kept := list[:0]
 		for _, a := range list {
-			if _, ok := st.pending[a]; ok {
+			if pb, ok := st.pending[a]; ok && pb.size == size {
 				kept = append(kept, a)
 			}
 		}
@@ -263,10 +274,10 @@ func (ss *streamSet) pendingCount() int {
 
 // close waits for and destroys every event.
 func (ss *streamSet) close(reclaim func(addr uint64)) error {
-	err := ss.poll(true, reclaim)
+	errs := []error{ss.poll(true, reclaim)}
 	for _, ev := range ss.spare {
-		_ = ss.dev.EventDestroy(ev)
+		errs = append(errs, ss.dev.EventDestroy(ev))
 	}
 	ss.spare = nil
-	return err
+	return errors.Join(errs...)
 }

@@ -68,7 +68,21 @@ func (m *mapping) classMin(fl, sl uint) uint64 {
 // reads only the index's configuration, so it is safe to call
 // concurrently with any other method.
 func (x *Index) SizeClass(size uint64) (class int, rounded uint64) {
-	rounded = x.roundUp(size)
-	fl, sl := x.insert(rounded)
-	return int(fl<<x.slLog2 | sl), rounded // dense: not listIndex
+	return x.Classes().SizeClass(size)
+}
+
+// Classes is an index's size classes, detached from the index: a small
+// value, safe to copy and to use from any goroutine. Callers on hot
+// paths keep their own copy rather than reading the index's, whose
+// neighbouring fields the index writes.
+type Classes struct{ m mapping }
+
+// Classes returns the index's size classes.
+func (x *Index) Classes() Classes { return Classes{x.mapping} }
+
+// SizeClass is Index.SizeClass.
+func (c Classes) SizeClass(size uint64) (class int, rounded uint64) {
+	rounded = c.m.roundUp(size)
+	fl, sl := c.m.insert(rounded)
+	return int(fl<<(c.m.slLog2&63) | sl), rounded // dense: not listIndex
 }

@@ -1,0 +1,416 @@
+package pool
+
+// The per-P caches (cache.go), seen from outside: many goroutines at once
+// under the race detector, blocks freed by goroutines other than the one
+// that allocated them, cached bytes counted apart, the caches drained on
+// the out-of-memory path, Trim and Close; and the same behaviour with the
+// caches off.
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/gpumem/tlsf/device"
+	"github.com/stretchr/testify/require"
+)
+
+var cacheModes = []struct {
+	name string
+	off  bool
+}{{"caches=on", false}, {"caches=off", true}}
+
+// churnBlock is a block in flight between goroutines, with the word it
+// was filled with.
+type churnBlock struct {
+	ptr uintptr
+	n   uint64
+	v   uint32
+}
+
+func TestManyGoroutinesAllocateAndFreeEachOthersBlocks(t *testing.T) {
+	const (
+		workers = 8
+		rounds  = 1000
+	)
+	for _, be := range pooledBackends {
+		for _, cm := range cacheModes {
+			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
+				sim := device.NewSim(device.SimConfig{Capacity: 4 * giB, Shadow: true})
+				d := onSim(sim)
+				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off}})
+
+				// Each worker hands some of its blocks to the next one,
+				// which checks their contents and frees them.
+				chans := make([]chan churnBlock, workers)
+				for i := range chans {
+					chans[i] = make(chan churnBlock, rounds)
+				}
+				var allocs, frees atomic.Uint64
+				var wg sync.WaitGroup
+				errs := make(chan error, workers)
+				for w := range workers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						errs <- churn(p, sim, w, rounds, chans[w], chans[(w+1)%workers], &allocs, &frees)
+					}()
+				}
+				wg.Wait()
+				for range workers {
+					require.NoError(t, <-errs)
+				}
+				// Blocks still in channels: their receivers are done.
+				for _, ch := range chans {
+					close(ch)
+					for b := range ch {
+						expectFilled(t, sim, b.ptr, b.n, b.v)
+						require.NoError(t, p.Free(b.ptr))
+						frees.Add(1)
+					}
+				}
+				checkStep(t, p, d)
+				s := p.Stats()
+				require.Zero(t, s.Allocated)
+				require.Zero(t, s.Allocations)
+				require.Zero(t, s.Active)
+				require.Equal(t, allocs.Load(), s.Allocs)
+				require.Equal(t, frees.Load(), s.Frees)
+				require.Equal(t, allocs.Load(), frees.Load())
+				if cm.off {
+					require.Zero(t, s.Cached)
+				}
+				_, err := p.Trim()
+				require.NoError(t, err)
+				s = p.Stats()
+				require.Zero(t, s.Cached)
+				require.Zero(t, s.Reserved)
+				checkStep(t, p, d)
+			})
+		}
+	}
+}
+
+// churn allocates and frees blocks of every size; a quarter of them go to
+// the next worker through out, and it frees what arrives through in.
+func churn(p *Pool, dev device.Device, w, rounds int, in <-chan churnBlock, out chan<- churnBlock, allocs, frees *atomic.Uint64) error {
+	r := rand.New(rand.NewPCG(uint64(w), 42))
+	var mine []churnBlock
+	// check reads back the first and last KiB of a block (the whole of
+	// the shadow test's job; here it catches a block handed out twice).
+	check := func(b churnBlock) error {
+		n := 4 * wordCount(b.n)
+		for _, off := range []uint64{0, n - min(n, kiB)} {
+			got := make([]byte, min(n, kiB))
+			if err := dev.MemcpyDtoH(got, b.ptr+uintptr(off)); err != nil {
+				return err
+			}
+			if !bytes.Equal(got, wordPattern(uint64(len(got)), b.v)) {
+				return fmt.Errorf("block [%#x, +%d) of worker %d clobbered", b.ptr, b.n, b.v>>24)
+			}
+		}
+		return nil
+	}
+	for i := range rounds {
+		// Statistics, Check and Trim run alongside the other workers' calls.
+		if i%50 == 0 {
+			_ = p.Stats()
+		}
+		if i%100 == 0 {
+			if err := p.Check(); err != nil {
+				return fmt.Errorf("Check while others work: %w", err)
+			}
+		}
+		if i%150 == 0 && w == 0 {
+			if _, err := p.Trim(); err != nil {
+				return err
+			}
+		}
+		var n uint64
+		switch k := r.IntN(50); {
+		case k < 40:
+			n = 1 + r.Uint64N(16*kiB)
+		case k < 49:
+			n = 1 + r.Uint64N(256*kiB)
+		default:
+			n = miB + r.Uint64N(2*miB)
+		}
+		ptr, err := p.Alloc(n)
+		if err != nil {
+			return err
+		}
+		allocs.Add(1)
+		b := churnBlock{ptr, n, uint32(w)<<24 | uint32(i)}
+		if err := dev.MemsetD32(ptr, b.v, wordCount(n)); err != nil {
+			return err
+		}
+		if r.IntN(4) == 0 {
+			out <- b
+		} else {
+			mine = append(mine, b)
+		}
+		for len(mine) > 8 {
+			k := r.IntN(len(mine))
+			if err := check(mine[k]); err != nil {
+				return err
+			}
+			if err := p.Free(mine[k].ptr); err != nil {
+				return err
+			}
+			frees.Add(1)
+			mine[k] = mine[len(mine)-1]
+			mine = mine[:len(mine)-1]
+		}
+		select {
+		case b := <-in:
+			if err := check(b); err != nil {
+				return err
+			}
+			if err := p.Free(b.ptr); err != nil {
+				return err
+			}
+			frees.Add(1)
+		default:
+		}
+	}
+	for _, b := range mine {
+		if err := check(b); err != nil {
+			return err
+		}
+		if err := p.Free(b.ptr); err != nil {
+			return err
+		}
+		frees.Add(1)
+	}
+	return nil
+}
+
+// The test from the caches' issue: with a 64 MiB cap, one goroutine
+// allocates 8192 blocks of 4 KiB and frees them all; another then requests
+// 48 MiB, which must succeed. The same when a third goroutine frees the
+// first one's blocks.
+func TestCachesAreDrainedWhenMemoryRunsOut(t *testing.T) {
+	for _, be := range pooledBackends {
+		for _, cm := range cacheModes {
+			for _, thirdFrees := range []bool{false, true} {
+				name := be.String() + "/" + cm.name + map[bool]string{false: "/freed by the allocator", true: "/freed by a third goroutine"}[thirdFrees]
+				t.Run(name, func(t *testing.T) {
+					sim := device.NewSim(device.SimConfig{Capacity: giB})
+					d := onSim(sim)
+					p := openPool(t, d, Options{Backend: be, MaxBytes: 64 * miB, Cache: CacheOptions{Disable: cm.off}})
+					blocks := make(chan uintptr, 8192)
+					inGoroutine(t, func() error {
+						for range 8192 {
+							ptr, err := p.Alloc(4 * kiB)
+							if err != nil {
+								return err
+							}
+							blocks <- ptr
+						}
+						close(blocks)
+						if thirdFrees {
+							return nil
+						}
+						return freeFromChan(p, blocks)
+					})
+					if thirdFrees {
+						inGoroutine(t, func() error { return freeFromChan(p, blocks) })
+					}
+					checkStep(t, p, d)
+					s := p.Stats()
+					require.Zero(t, s.Allocated)
+					if cm.off {
+						require.Zero(t, s.Cached)
+					} else if !thirdFrees {
+						require.Positive(t, s.Cached, "the allocator's frees went to its cache")
+					}
+					var big uintptr
+					inGoroutine(t, func() error {
+						var err error
+						big, err = p.Alloc(48 * miB)
+						return err
+					})
+					require.LessOrEqual(t, p.Stats().Reserved, 64*miB)
+					require.NoError(t, sim.MemsetD32(big, 1, wordCount(48*miB)))
+					checkStep(t, p, d)
+					require.NoError(t, p.Free(big))
+					checkStep(t, p, d)
+				})
+			}
+		}
+	}
+}
+
+// inGoroutine runs f on a goroutine of its own and waits for it.
+func inGoroutine(t *testing.T, f func() error) {
+	t.Helper()
+	done := make(chan error)
+	go func() { done <- f() }()
+	require.NoError(t, <-done)
+}
+
+func freeFromChan(p *Pool, blocks <-chan uintptr) error {
+	for ptr := range blocks {
+		if err := p.Free(ptr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func TestCachedBytesAreCountedApart(t *testing.T) {
+	for _, be := range pooledBackends {
+		for _, cm := range cacheModes {
+			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
+				sim := device.NewSim(device.SimConfig{Capacity: giB})
+				d := onSim(sim)
+				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off}})
+				var ptrs []uintptr
+				for range 100 {
+					ptr, err := p.Alloc(4 * kiB)
+					require.NoError(t, err)
+					ptrs = append(ptrs, ptr)
+				}
+				s := p.Stats()
+				require.Equal(t, 100*4*kiB, s.Allocated, "blocks the caches handed out are allocated")
+				require.Equal(t, int64(100), s.Allocations)
+				for _, ptr := range ptrs {
+					require.NoError(t, p.Free(ptr))
+				}
+				checkStep(t, p, d)
+				s = p.Stats()
+				require.Zero(t, s.Allocated)
+				require.Zero(t, s.Allocations)
+				require.Zero(t, s.Active, "cached blocks are not active")
+				require.Equal(t, uint64(100), s.Frees)
+				if cm.off {
+					require.Zero(t, s.Cached)
+					require.Zero(t, s.CachedBlocks)
+				} else {
+					require.Positive(t, s.Cached)
+					require.Positive(t, s.CachedBlocks)
+					require.Zero(t, s.Cached%(4*kiB))
+				}
+				require.LessOrEqual(t, s.Cached+s.IndexFree, s.Reserved)
+
+				_, err := p.Trim()
+				require.NoError(t, err)
+				s = p.Stats()
+				require.Zero(t, s.Cached, "Trim drains the caches")
+				require.Zero(t, s.CachedBlocks)
+				require.Zero(t, s.Reserved)
+				checkStep(t, p, d)
+			})
+		}
+	}
+}
+
+func TestCachesHoldAtMostTheirFractionOfReservedMemory(t *testing.T) {
+	for _, be := range pooledBackends {
+		t.Run(be.String(), func(t *testing.T) {
+			sim := device.NewSim(device.SimConfig{Capacity: giB})
+			d := onSim(sim)
+			// 256 MiB reserved up front, so that 1/16 of it is well above
+			// the least each P may cache.
+			p := openPool(t, d, Options{Backend: be, InitialFraction: 0.25, Cache: CacheOptions{MaxFraction: 1.0 / 16}})
+			var ptrs []uintptr
+			for range 10000 {
+				ptr, err := p.Alloc(4 * kiB)
+				require.NoError(t, err)
+				ptrs = append(ptrs, ptr)
+			}
+			for _, ptr := range ptrs {
+				require.NoError(t, p.Free(ptr))
+			}
+			s := p.Stats()
+			// A refill may add up to 128 KiB to a P's cache at once.
+			slack := uint64(runtime.GOMAXPROCS(0)) * 128 * kiB
+			require.LessOrEqual(t, s.Cached, s.Reserved/16+slack)
+			require.Positive(t, s.Cached)
+			checkStep(t, p, d)
+		})
+	}
+}
+
+func TestACachedBlockFreedOnAnotherStreamLeavesItsCache(t *testing.T) {
+	for _, be := range pooledBackends {
+		t.Run(be.String(), func(t *testing.T) {
+			sim := device.NewSim(device.SimConfig{Capacity: giB})
+			d := onSim(sim)
+			ss := newStreams(t, sim, 1)
+			p := openPool(t, d, Options{Backend: be})
+			x, err := p.Alloc(4 * kiB) // handed out by a cache
+			require.NoError(t, err)
+			y, err := p.Alloc(4 * kiB)
+			require.NoError(t, err)
+			require.NoError(t, p.FreeOn(x, ss[0]), "the locked path takes it back from its cache")
+			require.ErrorIs(t, p.FreeOn(x, ss[0]), ErrDoubleFree)
+			require.ErrorIs(t, p.Free(x), ErrDoubleFree)
+			// Inside a freed block: a double free where the block is back
+			// in the index, an unknown pointer while it awaits its event.
+			require.True(t, errors.Is(p.Free(x+256), ErrDoubleFree) || errors.Is(p.Free(x+256), ErrUnknownPointer))
+			require.ErrorIs(t, p.Free(y+256), ErrUnknownPointer, "inside a live block")
+			s := p.Stats()
+			require.Equal(t, int64(1), s.Allocations)
+			require.Equal(t, 4*kiB, s.Allocated)
+			checkStep(t, p, d)
+			require.NoError(t, p.Free(y))
+			require.ErrorIs(t, p.Free(y), ErrDoubleFree, "a block back in its cache")
+			checkStep(t, p, d)
+		})
+	}
+}
+
+// Caches are made per P at New; a P added later is served without a cache
+// (cache.go's fallbacks), and blocks still move between them correctly.
+func TestCachesStayCorrectWhenGOMAXPROCSGrows(t *testing.T) {
+	old := runtime.GOMAXPROCS(1)
+	defer runtime.GOMAXPROCS(old)
+	sim := device.NewSim(device.SimConfig{Capacity: giB})
+	d := onSim(sim)
+	p := openPool(t, d, Options{Backend: BackendVMM})
+	runtime.GOMAXPROCS(8)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- func() error {
+				for range 100 {
+					var ps []uintptr
+					for range 20 {
+						x, err := p.Alloc(4 * kiB)
+						if err != nil {
+							return err
+						}
+						ps = append(ps, x)
+					}
+					for _, x := range ps {
+						if err := p.Free(x); err != nil {
+							return err
+						}
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	wg.Wait()
+	for range 8 {
+		require.NoError(t, <-errs)
+	}
+	checkStep(t, p, d)
+	s := p.Stats()
+	require.Zero(t, s.Allocated)
+	require.Equal(t, s.Allocs, s.Frees)
+	_, err := p.Trim()
+	require.NoError(t, err)
+	require.Zero(t, p.Stats().Reserved)
+	checkStep(t, p, d)
+}

@@ -1,0 +1,38 @@
+package pool
+
+// The device suite (suite_test.go) on a real GPU, both pooled backends and
+// passthrough. It skips where there is no CUDA driver or GPU; with
+// TLSF_REQUIRE_GPU=1 a missing GPU fails it instead. To run it on the GPU
+// machine: go test -c -race -o pool.test ./pool, then
+// TLSF_REQUIRE_GPU=1 ./pool.test -test.run 'GPU' -test.v.
+
+import (
+	"testing"
+
+	"github.com/gpumem/tlsf/internal/gputest"
+	"github.com/stretchr/testify/require"
+)
+
+func TestGPU(t *testing.T) {
+	dev := gputest.Open(t, 0)
+	backends := []Backend{BackendChunks, BackendPassthrough}
+	if dev.VMMSupported() {
+		backends = append([]Backend{BackendVMM}, backends...)
+	}
+	t.Logf("%s (ordinal %d): backends %v", dev.Name(), dev.Ordinal(), backends)
+	runDeviceSuite(t, func(*testing.T) testDevice { return testDevice{Device: dev} }, backends)
+}
+
+func TestGPUNewCUDAOwnsItsDevice(t *testing.T) {
+	gputest.Open(t, 0) // skips without a GPU
+	p, err := NewCUDA(0, Options{})
+	require.NoError(t, err)
+	ptr, err := p.Alloc(3 * miB)
+	require.NoError(t, err)
+	fillBlock(t, p.Device(), ptr, 3*miB, 0x600d)
+	expectFilled(t, p.Device(), ptr, 3*miB, 0x600d)
+	require.NoError(t, p.Free(ptr))
+	require.NoError(t, p.Check())
+	require.NoError(t, p.Close(), "Close also releases the device")
+	require.ErrorIs(t, p.Close(), ErrClosed)
+}

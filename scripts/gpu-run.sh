@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs the project's GPU checks and measurements on a machine with an
+# NVIDIA driver, from binaries built by `make gpu` (no Go toolchain needed
+# there). Results go to $OUT (default ./out): logs, JSON and a summary.
+#
+#   make gpu && scripts/gpu-run.sh            # everything
+#   STAGES="tests replay" scripts/gpu-run.sh  # some stages
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+STAGES=${STAGES:-"tests bench replay run multi"}
+RUN_OPS=${RUN_OPS:-10000000}
+export TLSF_REQUIRE_GPU=1
+log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv >"$OUT/gpu.txt" 2>&1
+nproc >>"$OUT/gpu.txt"
+
+for stage in $STAGES; do
+	case $stage in
+	tests)
+		log "device tests"
+		./bin/device.test -test.v -test.count=1 >"$OUT/device.log" 2>&1
+		echo "device exit $?" | tee -a "$OUT/summary.txt"
+		grep -E "^(--- FAIL|FAIL|ok|PASS)" "$OUT/device.log" | tail -5 | tee -a "$OUT/summary.txt"
+		log "pool tests on the GPU"
+		./bin/pool.test -test.v -test.count=1 -test.run '^TestGPU' >"$OUT/pool.log" 2>&1
+		echo "pool exit $?" | tee -a "$OUT/summary.txt"
+		grep -cE "^    --- PASS|^--- PASS" "$OUT/pool.log" | sed 's/^/passed: /' | tee -a "$OUT/summary.txt"
+		grep -E "^(--- FAIL|    --- FAIL)" "$OUT/pool.log" | tee -a "$OUT/summary.txt"
+		;;
+	bench)
+		log "benchmarks"
+		./bin/device.test -test.run '^$' -test.bench 'CUDAVMMPage|CUDAMemAllocFree|CUDABareCall' -test.benchtime 20x >"$OUT/bench-device.txt" 2>&1
+		./bin/bench.test -test.run '^$' -test.bench 'Small|Replay$' -test.benchtime 2s >"$OUT/bench.txt" 2>&1
+		grep -E "^Benchmark" "$OUT/bench-device.txt" "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
+		;;
+	replay)
+		log "replay: every trace, every backend (warm ns/op), min cap of the TLSF backends"
+		./bin/tlsf-stress replay --backend tlsf-vmm,tlsf-chunks,passthrough,async | tee "$OUT/replay.txt"
+		./bin/tlsf-stress replay --backend tlsf-vmm,tlsf-chunks,passthrough,async --json >"$OUT/replay.json"
+		./bin/tlsf-stress replay --backend tlsf-vmm,tlsf-chunks --min-cap --json >"$OUT/mincap.json"
+		echo "replay exit $?" | tee -a "$OUT/summary.txt"
+		;;
+	run)
+		log "run: $RUN_OPS operations on 16 goroutines, verified"
+		./bin/tlsf-stress run -g 16 --ops "$RUN_OPS" --sizes resnet50 --json >"$OUT/run.json" 2>"$OUT/run.err"
+		echo "run exit $?" | tee -a "$OUT/summary.txt"
+		tail -c 2000 "$OUT/run.json" | tee -a "$OUT/summary.txt"
+		;;
+	multi)
+		log "multi: 2 processes, half the GPU each, oversubscribed"
+		./bin/tlsf-stress multi --procs 2 >"$OUT/multi.txt" 2>&1
+		echo "multi exit $?" | tee -a "$OUT/summary.txt"
+		tail -20 "$OUT/multi.txt" | tee -a "$OUT/summary.txt"
+		;;
+	esac
+done
