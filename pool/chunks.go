@@ -61,6 +61,7 @@ func (h *chunkHeap) grow(need, want uint64) error {
 }
 
 func (h *chunkHeap) unbacked(tlsf.Block) uint64 { return 0 }
+func (h *chunkHeap) unbackedTail() uint64       { return 0 }
 func (h *chunkHeap) back(tlsf.Block) error      { return nil }
 
 // release frees chunks with no allocated block, largest first, until

@@ -3,9 +3,11 @@ package pool
 import "errors"
 
 // Sentinel errors. Every error a Pool returns wraps one of these (test
-// with errors.Is); after any error the pool's state and statistics are as
-// they were, apart from the counters of device calls, out-of-memory events
-// and retries.
+// with errors.Is). After an error every live allocation is as it was and
+// so are the statistics, apart from the counters of device calls,
+// out-of-memory events and retries, and except that the out-of-memory
+// path, before it fails, may have emptied the caches and returned unused
+// memory to the driver (Cached and Reserved then drop).
 var (
 	// ErrOutOfMemory: the request could not be met after flushing caches,
 	// waiting for pending stream-ordered frees, releasing unused memory,
@@ -21,10 +23,13 @@ var (
 	// above the virtual range of a VMM pool, or a pitch allocation whose
 	// pitch × height overflows.
 	ErrTooLarge = errors.New("pool: size too large")
-	// ErrDoubleFree: the pointer was freed already.
+	// ErrDoubleFree: the pointer was freed already. A pointer that lies
+	// in the free space of a pooled backend's index may also be one the
+	// pool never returned: that error matches ErrUnknownPointer too.
 	ErrDoubleFree = errors.New("pool: double free")
 	// ErrUnknownPointer: the pointer is not one the pool returned: foreign,
-	// or inside an allocation but not its start.
+	// or inside an allocation but not its start (see ErrDoubleFree for
+	// pointers into free space).
 	ErrUnknownPointer = errors.New("pool: unknown pointer")
 	// ErrClosed: the pool was closed.
 	ErrClosed = errors.New("pool: closed")

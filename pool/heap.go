@@ -13,6 +13,9 @@ type heap interface {
 	// grow adds at least need bytes, and up to want bytes, of backed space
 	// to the index. On error nothing changed.
 	grow(need, want uint64) error
+	// unbackedTail returns the bytes of the free block at the top of the
+	// heap that are not backed: a block grown into takes them too.
+	unbackedTail() uint64
 	// unbacked returns how many bytes of block b are not backed by device
 	// memory (VMM pages released earlier); back backs them. On error
 	// nothing changed.

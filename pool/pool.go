@@ -66,6 +66,7 @@ type counters struct {
 	allocs, frees                uint64
 	grows, releases              uint64
 	releasedBytes                uint64
+	recycledBytes                uint64
 	ooms, retries                uint64
 }
 
@@ -392,10 +393,12 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	if need == 0 {
 		return p.search(size, align)
 	}
-	if err := p.makeRoom(need); err != nil {
+	// The block grown into also covers the free top of the heap, whose
+	// pages may have been released: they count against the cap too.
+	tail := p.heap.unbackedTail()
+	if err := p.makeRoom(need + tail); err != nil {
 		return tlsf.Block{}, err
 	}
-	need = p.heap.need(room, roomAlign) // a release may have cut the free tail
 	free, _, err := p.dev.MemGetInfo()
 	if err != nil {
 		return tlsf.Block{}, err
@@ -404,10 +407,10 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	res := p.heap.reserved()
 	want := roundUp(max(need, uint64(p.opts.GrowFraction*float64(free))), g)
 	if capped, limit := p.capFrom(free); capped {
-		if res+need > limit {
+		if res+need+tail > limit {
 			return tlsf.Block{}, errNoRoom
 		}
-		want = max(need, min(want, (limit-res)/g*g))
+		want = max(need, min(want, (limit-res-tail)/g*g))
 	}
 	if err := p.heap.grow(need, want); err != nil {
 		return tlsf.Block{}, err
@@ -659,7 +662,9 @@ func (p *Pool) releaseFreed(b tlsf.Block, s device.Stream) error {
 func translate(err error) error {
 	switch {
 	case errors.Is(err, tlsf.ErrDoubleFree):
-		return fmt.Errorf("%w: %w", ErrDoubleFree, err)
+		// Free space: a block freed already, or an address the pool never
+		// returned; the index cannot tell which, so the error is both.
+		return fmt.Errorf("%w (or %w): %w", ErrDoubleFree, ErrUnknownPointer, err)
 	case errors.Is(err, tlsf.ErrUnknownAddress):
 		return fmt.Errorf("%w: %w", ErrUnknownPointer, err)
 	}
@@ -671,16 +676,20 @@ func (p *Pool) pollPending(wait bool) error {
 	if !p.ss.multi {
 		return nil
 	}
-	return p.ss.poll(wait, func(addr uint64) {
-		b, err := p.x.Free(addr)
-		if err != nil {
-			return // not reached: pending blocks are allocated in the index
-		}
-		p.meta[b.ID].state = 0
-		p.c.pending -= b.Size
-		p.c.pendingBlocks--
-		p.c.active -= b.Size
-	})
+	return p.ss.poll(wait, p.reclaimPending)
+}
+
+// reclaimPending returns a pending block, whose stream has passed its
+// free, to the index.
+func (p *Pool) reclaimPending(addr uint64) {
+	b, err := p.x.Free(addr)
+	if err != nil {
+		return // not reached: pending blocks are allocated in the index
+	}
+	p.meta[b.ID].state = 0
+	p.c.pending -= b.Size
+	p.c.pendingBlocks--
+	p.c.active -= b.Size
 }
 
 // afterLockedFree applies the release policy every so many frees.
@@ -728,8 +737,13 @@ func (p *Pool) makeRoom(k uint64) error {
 		return err
 	}
 	// Move the pages rather than return them: the mapping about to be
-	// made takes them back at once.
-	_, err := p.heap.release(min(excess, unused, k), true)
+	// made takes them back at once. (A chunk heap frees chunks.)
+	n, err := p.heap.release(min(excess, unused, k), true)
+	if p.backend == BackendChunks {
+		p.noteReleased(n)
+	} else {
+		p.c.recycledBytes += n
+	}
 	return err
 }
 
@@ -744,11 +758,32 @@ func (p *Pool) releaseUnused(limit uint64) (uint64, error) {
 		return 0, err
 	}
 	n, err := p.heap.release(limit, false)
+	p.noteReleased(n)
+	return n, err
+}
+
+// noteReleased counts a release of n bytes to the driver.
+func (p *Pool) noteReleased(n uint64) {
 	if n > 0 {
 		p.c.releases++
 		p.c.releasedBytes += n
 	}
-	return n, err
+}
+
+// ForgetStream waits for the work queued on stream s
+// (cuStreamSynchronize), makes the blocks freed on s reusable by every
+// stream, and forgets s. Call it before destroying a stream used with
+// AllocOn or FreeOn: the pool synchronizes the streams it knows before it
+// returns memory to the driver, and a destroyed stream cannot be
+// synchronized. Forgetting a stream the pool does not know does nothing.
+// Errors: ErrClosed, device errors (nothing changed).
+func (p *Pool) ForgetStream(s device.Stream) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	return p.ss.forget(s, p.reclaimPending)
 }
 
 // Trim returns all unused device memory to the driver: it flushes the

@@ -54,6 +54,10 @@ type Stats struct {
 	// Grows counts growths of the heap; Releases counts releases that
 	// returned memory to the driver, ReleasedBytes the bytes returned.
 	Grows, Releases, ReleasedBytes uint64
+	// RecycledBytes is the physical memory a VMM pool moved between
+	// addresses under ReleaseFraction (unmapped under free blocks, mapped
+	// where needed), in bytes since New.
+	RecycledBytes uint64
 	// OutOfMemory counts requests that failed with ErrOutOfMemory;
 	// Retries counts runs of the out-of-memory path (flush, wait,
 	// release, search again, grow again), successful or not.
@@ -82,6 +86,7 @@ func (p *Pool) statsLocked() Stats {
 		Retries:       c.retries,
 		ReservedPeak:  c.reservedPeak,
 		ReleasedBytes: c.releasedBytes,
+		RecycledBytes: c.recycledBytes,
 		PendingBlocks: c.pendingBlocks,
 		DeviceCalls:   p.dev.counts(),
 	}

@@ -281,3 +281,34 @@ func (ss *streamSet) close(reclaim func(addr uint64)) error {
 	ss.spare = nil
 	return errors.Join(errs...)
 }
+
+// forget synchronizes stream s, hands its pending blocks to reclaim, and
+// drops it. The caller is about to destroy s. On error nothing changed.
+func (ss *streamSet) forget(s device.Stream, reclaim func(addr uint64)) error {
+	st, ok := ss.all[s]
+	if !ok {
+		return nil
+	}
+	if err := ss.dev.StreamSynchronize(s); err != nil {
+		return err
+	}
+	// Every event recorded on s is now complete.
+	if st.open != nil {
+		st.sealed = append(st.sealed, st.open)
+		st.open = nil
+	}
+	for _, b := range st.sealed {
+		for _, addr := range b.addrs {
+			if pb, ok := st.pending[addr]; ok && pb.seq == b.seq {
+				delete(st.pending, addr)
+				reclaim(addr)
+			}
+		}
+		ss.spare = append(ss.spare, b.ev)
+	}
+	delete(ss.all, s)
+	if ss.first == st && !ss.multi {
+		ss.first = nil // no stream left: the next one starts single-stream mode again
+	}
+	return nil
+}

@@ -268,6 +268,16 @@ func (h *vmmHeap) pages(b tlsf.Block) (first, end uint64) {
 	return (b.Addr - h.base) / h.gran, (b.Addr + b.Size - h.base + h.gran - 1) / h.gran
 }
 
+func (h *vmmHeap) unbackedTail() uint64 {
+	if h.holes == 0 || h.end == h.base {
+		return 0
+	}
+	if last, err := h.x.Last(h.base); err == nil && last.Free {
+		return h.unbacked(last)
+	}
+	return 0
+}
+
 func (h *vmmHeap) unbacked(b tlsf.Block) uint64 {
 	if h.holes == 0 {
 		return 0

@@ -409,3 +409,16 @@ func TestLast(t *testing.T) {
 	_, err = x.Last(0)
 	require.ErrorIs(t, err, ErrBadRegion)
 }
+
+// The top address of the address space is never a block start (blocks end
+// at or below 2^64−1), and asking for it changes nothing.
+func TestFreeOfTheTopAddress(t *testing.T) {
+	x := newIndex(t, 0, 1*MiB)
+	mustAlloc(t, x, 4096)
+	before := snap(x)
+	_, err := x.Free(math.MaxUint64)
+	require.ErrorIs(t, err, ErrUnknownAddress)
+	_, err = x.Lookup(math.MaxUint64)
+	require.ErrorIs(t, err, ErrUnknownAddress)
+	assert.Equal(t, before, snap(x))
+}

@@ -64,6 +64,9 @@ func (m *Map) Len() int { return m.n }
 
 // Get returns the value stored for key.
 func (m *Map) Get(key uint64) (uint64, bool) {
+	if key == empty {
+		return 0, false // it would match the first free slot
+	}
 	for i := m.home(key); ; i = (i + 1) & m.mask {
 		switch m.slots[i].key {
 		case key:
@@ -74,7 +77,8 @@ func (m *Map) Get(key uint64) (uint64, bool) {
 	}
 }
 
-// Put stores val for key, which must not be present.
+// Put stores val for key, which must not be present and must not be the
+// reserved key 2^64−1.
 func (m *Map) Put(key, val uint64) {
 	// Keep the load factor at most 1/2: short probe sequences.
 	if 2*(m.n+1) > len(m.slots) {
@@ -91,6 +95,9 @@ func (m *Map) Put(key, val uint64) {
 
 // Take removes key and returns the value that was stored for it.
 func (m *Map) Take(key uint64) (uint64, bool) {
+	if key == empty {
+		return 0, false // it would match, and remove, the first free slot
+	}
 	slots, mask := m.slots, m.mask
 	i := m.home(key)
 	for {

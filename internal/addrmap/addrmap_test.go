@@ -50,3 +50,19 @@ func TestAgainstGoMap(t *testing.T) {
 		})
 	})
 }
+
+// The reserved key marks empty slots: looking it up finds nothing, and
+// taking it removes nothing.
+func TestReservedKeyIsNeverFound(t *testing.T) {
+	m := New(8)
+	m.Put(256, 1)
+	if _, ok := m.Get(^uint64(0)); ok {
+		t.Fatal("Get of the reserved key found an empty slot")
+	}
+	if _, ok := m.Take(^uint64(0)); ok {
+		t.Fatal("Take of the reserved key took an empty slot")
+	}
+	if v, ok := m.Get(256); !ok || v != 1 || m.Len() != 1 {
+		t.Fatal("the map changed")
+	}
+}
