@@ -4,6 +4,12 @@
 // value that passes the package's Check), and its seed corpus lives in
 // testdata/fuzz/<Target>/ in the "go test fuzz v1" format; a failure the
 // fuzzer finds is written there too, and is committed as a regression case
-// once fixed. Run one target with
-// go test ./fuzz -run XXX -fuzz FuzzParseText -fuzztime 60s.
+// once fixed (named regress-*, beside the hand-made seed-*).
+//
+// The targets: FuzzParse, FuzzParseText, FuzzParseCSV and FuzzParsePickle
+// (the trace parsers); FuzzIndex (the TLSF index against a reference
+// model) and FuzzPool (the pool on a simulated GPU with injected faults),
+// which read their input as a program of operations (ops.go). Run one
+// target with
+// go test ./fuzz -run '^$' -fuzz '^FuzzPool$' -fuzztime 60s.
 package fuzz

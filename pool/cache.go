@@ -101,7 +101,28 @@ func (pc *pcache) push(class int, addr uint64) {
 }
 
 func (pc *pcache) tryLock() bool { return pc.lock.CompareAndSwap(0, 1) }
-func (pc *pcache) unlock()       { pc.lock.Store(0) }
+
+// ownerSpins bounds how long an owner waits for its cache: the pool holds
+// a cache's lock for tens of nanoseconds (a drain, a Stats, a search for a
+// block freed on another P), about a microsecond of spinning covers it.
+const ownerSpins = 1000
+
+// ownerLock takes the lock for the cache's owner, which is pinned to its
+// P and so must not yield: it spins, reading before it tries, and gives
+// up (the caller takes the pool's lock) only after ownerSpins. Giving up
+// at once would be worse: while the pool searches the caches for a block
+// freed on another P it holds each cache's lock in turn, and owners that
+// meet it would all fall back to the pool's lock, whose holders search
+// the caches again.
+func (pc *pcache) ownerLock() bool {
+	for i := 0; i < ownerSpins; i++ {
+		if pc.lock.Load() == 0 && pc.tryLock() {
+			return true
+		}
+	}
+	return false
+}
+func (pc *pcache) unlock() { pc.lock.Store(0) }
 
 // lockWait takes the lock, spinning: the owner holds it for nanoseconds.
 func (pc *pcache) lockWait() {
@@ -117,6 +138,10 @@ type cacheSet struct {
 	fraction float64
 	ps       []pcache
 	share    atomic.Uint64 // bytes a P's stacks may hold
+
+	// The fields above are read by every P on every call; those below are
+	// written under the pool's lock. Keep them on different cache lines.
+	_ [64]byte
 
 	// Under the pool's lock: bytes and blocks the caches got from the index.
 	sysBytes  uint64
@@ -149,7 +174,7 @@ func (c *cacheSet) alloc(size uint64) (uintptr, bool) {
 		return 0, false
 	}
 	pc := &c.ps[pid]
-	if !pc.tryLock() {
+	if !pc.ownerLock() {
 		procUnpin()
 		return 0, false
 	}
@@ -182,7 +207,7 @@ func (c *cacheSet) free(ptr uintptr) bool {
 		return false
 	}
 	pc := &c.ps[pid]
-	if !pc.tryLock() {
+	if !pc.ownerLock() {
 		procUnpin()
 		return false
 	}

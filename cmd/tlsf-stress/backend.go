@@ -63,6 +63,8 @@ type allocator interface {
 	// check verifies that nothing is live after every block was freed,
 	// and the allocator's invariants; nil if all is well.
 	checkEmpty() error
+	// forget is called before a stream the allocator saw is destroyed.
+	forget(s device.Stream) error
 	close() error
 }
 
@@ -106,6 +108,7 @@ func (a poolAlloc) reserved() (uint64, error)     { return a.Stats().Reserved, n
 func (a poolAlloc) peakReserved() (uint64, error) { return a.Stats().ReservedPeak, nil }
 func (a poolAlloc) calls() device.Counts          { return a.Stats().DeviceCalls }
 func (a poolAlloc) close() error                  { return a.Close() }
+func (a poolAlloc) forget(s device.Stream) error  { return a.ForgetStream(s) }
 
 func (a poolAlloc) checkEmpty() error {
 	if st := a.Stats(); st.Allocations != 0 || st.Allocated != 0 {
@@ -215,6 +218,10 @@ func (a *asyncAlloc) checkEmpty() error {
 // close frees the filler and puts the default pool back as it was: no
 // release threshold, trimmed. Blocks still live stay allocated (the
 // driver's pool cannot free what it does not know to be unused).
+// forget: the driver's pool orders frees on a stream by itself, and a
+// stream may be destroyed with frees still queued on it.
+func (a *asyncAlloc) forget(device.Stream) error { return nil }
+
 func (a *asyncAlloc) close() error {
 	var errs []error
 	if a.filler != 0 {

@@ -219,6 +219,9 @@ func (s *stress) worker(g int) {
 			return
 		}
 		defer func() {
+			if err := s.a.forget(st); err != nil {
+				s.error("goroutine %d: the allocator forgetting its stream: %v", g, err)
+			}
 			if err := s.call(device.CallStreamDestroy, s.dev.StreamDestroy(st)); err != nil {
 				s.error("goroutine %d: destroying its stream: %v", g, err)
 			}
