@@ -23,8 +23,9 @@ func newSimPool(tb testing.TB, o pool.Options) *pool.Pool {
 }
 
 // BenchmarkPoolReplay replays each shared trace through a pool on the
-// simulated H200 with default options, caches on, for each pooled
-// backend. Metrics:
+// simulated H200, caches on, for each pooled backend with default options
+// and for VMM with ReleaseFraction 0.03 ("vmm-rf0.03", the memory-tight
+// policy). Metrics:
 //   - reserved/live: peak reserved over peak live bytes, no cap, cold;
 //   - mincap/live: the smallest MaxBytes under which the replay has no
 //     failed allocation (bisection to 2 MiB), over peak live;
@@ -38,10 +39,19 @@ func BenchmarkPoolReplay(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, be := range []pool.Backend{pool.BackendVMM, pool.BackendChunks} {
-			b.Run(fmt.Sprintf("%s/%v", name, be), func(b *testing.B) {
+		for _, cfg := range []struct {
+			name string
+			opts pool.Options
+		}{
+			{"vmm", pool.Options{Backend: pool.BackendVMM}},
+			{"vmm-rf0.03", pool.Options{Backend: pool.BackendVMM, ReleaseFraction: 0.03}},
+			{"chunks", pool.Options{Backend: pool.BackendChunks}},
+		} {
+			b.Run(name+"/"+cfg.name, func(b *testing.B) {
 				run := func(cap uint64) (pool.Stats, replay.Result) {
-					p := newSimPool(b, pool.Options{Backend: be, MaxBytes: cap})
+					o := cfg.opts
+					o.MaxBytes = cap
+					p := newSimPool(b, o)
 					res, err := replay.Run(tr, replay.Pool{P: p})
 					if err != nil {
 						b.Fatal(err)
@@ -60,7 +70,7 @@ func BenchmarkPoolReplay(b *testing.B) {
 					b.Fatal(err)
 				}
 
-				p := newSimPool(b, pool.Options{Backend: be})
+				p := newSimPool(b, cfg.opts)
 				a := replay.Pool{P: p}
 				r, err := replay.Run(tr, a) // cold
 				if err == nil {

@@ -172,9 +172,25 @@ func (x *Index) Alloc(size uint64) (Block, error) {
 	if b == nilRec {
 		return Block{}, ErrNoSpace
 	}
-	x.popHead(b, i)
-	x.splitTail(b, r)
-	return x.markAllocated(b), nil
+	// popHead, splitTail and markAllocated, by hand: this is the hot path.
+	bk := &x.blocks[b]
+	next := bk.nextFree
+	x.heads[i&4095] = next
+	if next != nilRec {
+		x.blocks[next].prevFree = nilRec
+	} else {
+		x.clearBit(i>>6, i&63)
+	}
+	if bk.size > r {
+		x.link(x.cut(b, r))
+		bk = &x.blocks[b] // cut may have moved the records
+	}
+	bk.prevFree, bk.nextFree = allocMark, nilRec
+	x.freeBlocksN--
+	x.allocBlocks++
+	x.allocated += bk.size
+	x.live.Put(bk.addr, uint64(b))
+	return Block{Addr: bk.addr, Size: bk.size, ID: b}, nil
 }
 
 // AllocAligned is Alloc with the block's address a multiple of align
@@ -251,7 +267,17 @@ func (x *Index) Free(addr uint64) (Block, error) {
 			x.absorb(b, bk, n, nk)
 		}
 	}
-	x.link(b)
+	// link, by hand: this is the hot path.
+	fl, sl := x.insert(bk.size)
+	i := listIndex(fl, sl)
+	head := x.heads[i]
+	bk.prevFree, bk.nextFree = nilRec, head
+	if head != nilRec {
+		x.blocks[head].prevFree = b
+	}
+	x.heads[i] = b
+	x.slBitmap[fl&63] |= 1 << (sl & 63)
+	x.flBitmap |= 1 << (fl & 63)
 	return freed, nil
 }
 

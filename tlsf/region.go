@@ -26,6 +26,10 @@ type regionSet struct {
 // whenever the top block of a region changes, so it avoids sort.Search's
 // closure: a VMM pool's index has one region.
 func (s *regionSet) find(addr uint64) (uint32, bool) {
+	if len(s.order) == 1 { // a VMM pool's index, a replay's
+		r := s.order[0]
+		return r, addr-s.slots[r].base < s.slots[r].size
+	}
 	// Binary search for the last region whose base is at most addr.
 	lo, hi := 0, len(s.order) // the answer is in [lo-1, hi)
 	for lo < hi {

@@ -56,7 +56,7 @@ type slot struct {
 }
 
 func (m *Map) home(key uint64) uint64 {
-	return ((key >> m.gran) * 0x9E3779B97F4A7C15) >> m.shift
+	return ((key >> (m.gran & 63)) * 0x9E3779B97F4A7C15) >> (m.shift & 63)
 }
 
 // Len returns the number of entries.
@@ -113,12 +113,14 @@ func (m *Map) Take(key uint64) (uint64, bool) {
 	val := slots[i].val
 	// Backward shift: pull later entries of the cluster into the hole when
 	// the hole lies between their home slot and where they sit.
+	gran, shift := m.gran&63, m.shift&63
 	for j := (i + 1) & mask; ; j = (j + 1) & mask {
 		k := slots[j].key
 		if k == empty {
 			break
 		}
-		if (j-m.home(k))&mask >= (j-i)&mask {
+		home := ((k >> gran) * 0x9E3779B97F4A7C15) >> shift
+		if (j-home)&mask >= (j-i)&mask {
 			slots[i] = slots[j]
 			i = j
 		}
