@@ -208,11 +208,11 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		if o.plot != "" {
 			every = max(1, len(t.Ops)/plotPoints)
 		}
-		cold, left, series, err := replayTrace(t, a, every)
+		cold, series, err := replayTrace(t, a, every)
 		if err != nil {
 			return err
 		}
-		if err := a.freeAll(left); err != nil {
+		if err := cold.FreeLeft(a); err != nil {
 			return err
 		}
 		r.series = series
@@ -220,7 +220,7 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		if sim != nil {
 			simT0 = sim.SimTime()
 		}
-		warm, left, _, err := replayTrace(t, a, 0)
+		warm, _, err := replayTrace(t, a, 0)
 		if err != nil {
 			return err
 		}
@@ -228,7 +228,7 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 			simT1 = sim.SimTime()
 		}
 		c1 := a.calls()
-		if err := a.freeAll(left); err != nil {
+		if err := warm.FreeLeft(a); err != nil {
 			return err
 		}
 		peak, err := a.peakReserved()
@@ -274,12 +274,12 @@ func findMinCap(ds *devices, t *trace.Trace, be string, r *replayResult) error {
 		defer release()
 		ok := false
 		err := withAllocator(dev, t, be, allocOptions{capBytes: capBytes}, func(a replayAllocator) error {
-			res, left, _, err := replayTrace(t, a, 0)
+			res, _, err := replayTrace(t, a, 0)
 			if err != nil {
 				return err
 			}
 			ok = res.Failed == 0
-			return a.freeAll(left)
+			return res.FreeLeft(a)
 		})
 		return ok, err
 	})
@@ -310,16 +310,6 @@ func (a replayAllocator) Free(ptr uintptr, stream uint64) error {
 	return a.FreeOn(ptr, a.streams[stream])
 }
 
-// freeAll frees the blocks a replay left live, on their streams.
-func (a replayAllocator) freeAll(left []leftBlock) error {
-	for _, b := range left {
-		if err := a.Free(b.ptr, b.stream); err != nil {
-			return fmt.Errorf("freeing a block the trace leaves live: %w", err)
-		}
-	}
-	return nil
-}
-
 // withAllocator makes backend be on dev with a device stream for each
 // non-zero stream of t, runs f, and closes the allocator and the streams.
 func withAllocator(dev device.Device, t *trace.Trace, be string, o allocOptions, f func(replayAllocator) error) error {
@@ -346,73 +336,17 @@ func withAllocator(dev device.Device, t *trace.Trace, be string, o allocOptions,
 	return errors.Join(err, a.close())
 }
 
-// leftBlock is a block a trace leaves live at its end.
-type leftBlock struct {
-	ptr    uintptr
-	stream uint64
-}
-
-// replayTrace replays t through a as replay.Run does, and also returns
-// the blocks the trace leaves live (replay.Run keeps them to itself, and a
-// warm replay on the same allocator must start empty) and, every every
-// ops (0: never), a sample of live and reserved bytes.
-func replayTrace(t *trace.Trace, a replayAllocator, every int) (replay.Result, []leftBlock, []sample, error) {
-	type liveEntry struct {
-		ptr    uintptr
-		stream uint64
-	}
-	live := make(map[uint64]liveEntry, 1024)
-	var res replay.Result
-	var cur uint64
+// replayTrace replays t through a (replay.RunSampled) and returns the
+// result, whose Left a warm replay on the same allocator must free first,
+// and, every every ops (0: never), a sample of live and reserved bytes.
+func replayTrace(t *trace.Trace, a replayAllocator, every int) (replay.Result, []sample, error) {
 	var series []sample
-	start := time.Now()
-	for i, op := range t.Ops {
-		if every > 0 && i%every == 0 {
-			rsv, err := a.reserved()
-			if err != nil {
-				return res, nil, nil, err
-			}
-			series = append(series, sample{Op: i, Live: cur, Reserved: rsv})
-		}
-		if !op.Free {
-			ptr, err := a.Alloc(op.Size, op.Stream)
-			if err != nil {
-				if res.Failed == 0 {
-					res.FirstErr = err
-				}
-				res.Failed++
-				continue
-			}
-			live[op.ID] = liveEntry{ptr, op.Stream}
-			cur += op.Size
-			res.PeakLive = max(res.PeakLive, cur)
-			res.Ops++
-			continue
-		}
-		e, ok := live[op.ID]
-		if !ok {
-			continue // its allocation failed
-		}
-		delete(live, op.ID)
-		if err := a.Free(e.ptr, op.Stream); err != nil {
-			return res, nil, nil, fmt.Errorf("%s: op %d: free of block %d: %w", t.Name, i, op.ID, err)
-		}
-		cur -= op.Size
-		res.Ops++
-	}
-	res.Elapsed = time.Since(start)
-	if every > 0 {
+	res, err := replay.RunSampled(t, a, every, func(op int, live uint64) error {
 		rsv, err := a.reserved()
-		if err != nil {
-			return res, nil, nil, err
-		}
-		series = append(series, sample{Op: len(t.Ops), Live: cur, Reserved: rsv})
-	}
-	left := make([]leftBlock, 0, len(live))
-	for _, e := range live {
-		left = append(left, leftBlock(e))
-	}
-	return res, left, series, nil
+		series = append(series, sample{Op: op, Live: live, Reserved: rsv})
+		return err
+	})
+	return res, series, err
 }
 
 // printReplayTable writes the results as a table per trace, with the

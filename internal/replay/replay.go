@@ -65,6 +65,14 @@ func (r Result) NsPerOp() float64 {
 // Run replays t through a. A free that fails is an error (the trace or the
 // allocator is broken); allocation failures are counted.
 func Run(t *trace.Trace, a Allocator) (Result, error) {
+	return RunSampled(t, a, 0, nil)
+}
+
+// RunSampled is Run that also calls sample before every every-th
+// operation and after the last (every 0: never), with the index of the
+// next operation and the live bytes at that point; an error from sample
+// ends the replay. Sampling time counts in Elapsed.
+func RunSampled(t *trace.Trace, a Allocator, every int, sample func(op int, live uint64) error) (Result, error) {
 	type block struct {
 		ptr    uintptr
 		stream uint64
@@ -74,6 +82,11 @@ func Run(t *trace.Trace, a Allocator) (Result, error) {
 	var cur uint64
 	start := time.Now()
 	for i, op := range t.Ops {
+		if every > 0 && i%every == 0 {
+			if err := sample(i, cur); err != nil {
+				return res, err
+			}
+		}
 		if !op.Free {
 			ptr, err := a.Alloc(op.Size, op.Stream)
 			if err != nil {
@@ -99,6 +112,11 @@ func Run(t *trace.Trace, a Allocator) (Result, error) {
 		}
 		cur -= op.Size
 		res.Ops++
+	}
+	if every > 0 {
+		if err := sample(len(t.Ops), cur); err != nil {
+			return res, err
+		}
 	}
 	res.Elapsed = time.Since(start)
 	for _, b := range live {
