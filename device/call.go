@@ -1,5 +1,10 @@
 package device
 
+import (
+	"fmt"
+	"strings"
+)
+
 // Call names one kind of driver call, for counters, latency models and
 // fault injection. The String of each is the driver entry point it stands
 // for.
@@ -82,7 +87,7 @@ func (c Call) String() string {
 type Counts [NumCalls]uint64
 
 // Total is the sum over all kinds.
-func (c *Counts) Total() uint64 {
+func (c Counts) Total() uint64 {
 	var t uint64
 	for _, n := range c {
 		t += n
@@ -91,7 +96,7 @@ func (c *Counts) Total() uint64 {
 }
 
 // Map returns the non-zero counts keyed by driver entry point name.
-func (c *Counts) Map() map[string]uint64 {
+func (c Counts) Map() map[string]uint64 {
 	m := make(map[string]uint64)
 	for k, n := range c {
 		if n != 0 {
@@ -99,4 +104,19 @@ func (c *Counts) Map() map[string]uint64 {
 		}
 	}
 	return m
+}
+
+// String lists the non-zero counts by driver entry point, e.g.
+// "cuMemCreate=3 cuMemMap=3".
+func (c Counts) String() string {
+	var b strings.Builder
+	for k, n := range c {
+		if n != 0 {
+			if b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			fmt.Fprintf(&b, "%v=%d", Call(k), n)
+		}
+	}
+	return b.String()
 }

@@ -369,7 +369,7 @@ func (d *CUDADevice) EventQuery(e Event) (done bool, err error) {
 		return false, err
 	case r == cudaSuccess:
 		return true, nil
-	case r == cudaErrorNotReady:
+	case r == cuResultNotReady:
 		return false, err
 	}
 	return false, errors.Join(d.drv.error(&d.drv.cuEventQuery, r), err)

@@ -38,8 +38,8 @@ const libcudaName = "libcuda.so.1"
 
 // CUresult codes handled here beyond those device.go maps to sentinels.
 const (
-	cudaSuccess       = 0
-	cudaErrorNotReady = 600 // cuEventQuery: work before the event is pending
+	cudaSuccess      = 0
+	cuResultNotReady = 600 // cuEventQuery: work before the event is pending
 )
 
 // Enumerators and flags passed to the driver, from cuda.h.

@@ -143,7 +143,7 @@ func TestCUDAErrorSentinels(t *testing.T) {
 		{2, "CUDA_ERROR_OUT_OF_MEMORY", ErrOutOfMemory},
 		{3, "CUDA_ERROR_NOT_INITIALIZED", ErrNoDriver},
 		{34, "CUDA_ERROR_STUB_LIBRARY", ErrNoDriver},
-		{35, "CUDA_ERROR_INSUFFICIENT_DRIVER", ErrNoDriver},
+		{46, "CUDA_ERROR_DEVICE_UNAVAILABLE", ErrNoDevice},
 		{100, "CUDA_ERROR_NO_DEVICE", ErrNoDevice},
 		{101, "CUDA_ERROR_INVALID_DEVICE", ErrNoDevice},
 		{400, "CUDA_ERROR_INVALID_HANDLE", ErrInvalidValue},

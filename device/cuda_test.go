@@ -165,7 +165,7 @@ func TestCUDAErrors(t *testing.T) {
 	_, err := d.MemAlloc(1 << 50) // 1 PiB
 	var e *Error
 	if !errors.Is(err, ErrOutOfMemory) || !errors.As(err, &e) ||
-		e.Call != "cuMemAlloc_v2" || e.Name != "CUDA_ERROR_OUT_OF_MEMORY" || e.Code != cudaErrorOutOfMemory {
+		e.Call != "cuMemAlloc_v2" || e.Name != "CUDA_ERROR_OUT_OF_MEMORY" || e.Code != cuResultOutOfMemory {
 		t.Errorf("MemAlloc(1 PiB) = %#v, want *Error{cuMemAlloc_v2, 2, CUDA_ERROR_OUT_OF_MEMORY} matching ErrOutOfMemory", err)
 	}
 	t.Logf("MemAlloc(1 PiB): %v", err)

@@ -162,33 +162,33 @@ func (e *Error) Error() string {
 
 // CUresult codes this package maps to sentinels.
 const (
-	cudaErrorInvalidValue       = 1
-	cudaErrorOutOfMemory        = 2
-	cudaErrorNotInitialized     = 3
-	cudaErrorDeinitialized      = 4  // the driver is shutting down
-	cudaErrorStubLibrary        = 34 // libcuda.so.1 is the toolkit's stub, not a driver
-	cudaErrorInsufficientDriver = 35 // the driver is older than this code needs
-	cudaErrorNoDevice           = 100
-	cudaErrorInvalidDevice      = 101
-	cudaErrorInvalidHandle      = 400 // a stream, event or handle the driver does not know
-	cudaErrorIllegalAddress     = 700
-	cudaErrorNotSupported       = 801
+	cuResultInvalidValue      = 1
+	cuResultOutOfMemory       = 2
+	cuResultNotInitialized    = 3
+	cuResultDeinitialized     = 4  // the driver is shutting down
+	cuResultStubLibrary       = 34 // libcuda.so.1 is the toolkit's stub, not a driver
+	cuResultDeviceUnavailable = 46 // the device is in exclusive use, or unavailable
+	cuResultNoDevice          = 100
+	cuResultInvalidDevice     = 101
+	cuResultInvalidHandle     = 400 // a stream, event or handle the driver does not know
+	cuResultIllegalAddress    = 700
+	cuResultNotSupported      = 801
 )
 
 // Unwrap returns the sentinel for the code, if any.
 func (e *Error) Unwrap() error {
 	switch e.Code {
-	case cudaErrorInvalidValue, cudaErrorInvalidHandle:
+	case cuResultInvalidValue, cuResultInvalidHandle:
 		return ErrInvalidValue
-	case cudaErrorNotInitialized, cudaErrorDeinitialized, cudaErrorStubLibrary, cudaErrorInsufficientDriver:
+	case cuResultNotInitialized, cuResultDeinitialized, cuResultStubLibrary:
 		return ErrNoDriver
-	case cudaErrorOutOfMemory:
+	case cuResultOutOfMemory:
 		return ErrOutOfMemory
-	case cudaErrorNoDevice, cudaErrorInvalidDevice:
+	case cuResultNoDevice, cuResultInvalidDevice, cuResultDeviceUnavailable:
 		return ErrNoDevice
-	case cudaErrorIllegalAddress:
+	case cuResultIllegalAddress:
 		return ErrIllegalAddress
-	case cudaErrorNotSupported:
+	case cuResultNotSupported:
 		return ErrNotSupported
 	}
 	return nil

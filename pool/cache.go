@@ -151,7 +151,10 @@ type cacheSet struct {
 func newCacheSet(p *Pool, o CacheOptions) *cacheSet {
 	c := &cacheSet{p: p, classes: p.x.Classes(), maxSize: min(o.MaxSize, tlsf.MaxSize), fraction: o.MaxFraction}
 	maxClass, _ := c.classes.SizeClass(c.maxSize)
-	c.ps = make([]pcache, runtime.GOMAXPROCS(0))
+	// One cache per P; GOMAXPROCS may rise later (up to the CPU count, as
+	// the runtime follows cgroup limits), and a P without a cache takes the
+	// pool's lock.
+	c.ps = make([]pcache, max(runtime.GOMAXPROCS(0), runtime.NumCPU()))
 	for i := range c.ps {
 		c.ps[i].stacks = make([][]uint64, maxClass+1)
 		c.ps[i].live.Init(8)
@@ -229,7 +232,9 @@ func (c *cacheSet) free(ptr uintptr) bool {
 	procUnpin()
 	if over {
 		c.p.mu.Lock()
-		c.shed()
+		if !c.p.closed {
+			c.shed(pid)
+		}
 		c.p.mu.Unlock()
 	}
 	return true
@@ -239,15 +244,24 @@ func (c *cacheSet) free(ptr uintptr) bool {
 // could not: it allocates a batch of blocks of its class from the index
 // (growing the heap if needed, for the first one only), hands out the
 // first and stacks the rest on the current P's cache. Pool lock held.
+//
+// The batch is allocated before the goroutine pins itself to its P: the
+// allocation may reach the driver and the out-of-memory path, and a
+// pinned goroutine must not wait that long. Once pinned, it takes its
+// cache's lock with lockWait, which never waits here: every other holder
+// of a cache's lock holds the pool's lock first, and this goroutine holds
+// it.
 func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 	p := c.p
 	if p.closed {
 		return 0, ErrClosed
 	}
-	if size == 0 {
-		return 0, ErrInvalidSize
+	pid := procPin()
+	procUnpin()
+	if pid >= len(c.ps) { // GOMAXPROCS grew after New: no cache for this P
+		return p.allocLocked(size, 0, 0)
 	}
-	_, r := c.classes.SizeClass(size)
+	class, r := c.classes.SizeClass(size)
 	b, reused, err := p.allocBlock(size, 0, 0)
 	if err != nil {
 		return 0, err
@@ -258,8 +272,7 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 		p.c.active -= b.Size
 	}
 	batch := []tlsf.Block{b}
-	want := min(max(refillBytes/r, 1), maxRefill)
-	for len(batch) < int(want) && c.stackRoom(r) {
+	for want := min(max(refillBytes/r, 1), maxRefill); len(batch) < int(want); {
 		nb, err := p.search(size, 0) // existing space only: no growth
 		if err != nil {
 			break
@@ -267,27 +280,30 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 		batch = append(batch, nb)
 	}
 	for _, nb := range batch {
-		p.setMeta(nb, stateCached)
 		c.sysBytes += nb.Size
 		c.sysBlocks++
 	}
 	p.notePeaks()
 	c.updateShare()
 
-	pid := procPin()
-	if pid >= len(c.ps) { // GOMAXPROCS grew: serve without a cache
+	pid = procPin()
+	if pid >= len(c.ps) { // moved to a P without a cache meanwhile
 		procUnpin()
 		for _, nb := range batch[1:] {
-			c.giveBack(nb.Addr)
+			p.setMeta(nb, stateCached)
+			_ = c.giveBack(nb.Addr, true)
 		}
 		c.sysBytes -= b.Size
 		c.sysBlocks--
 		p.noteAlloc(b, false)
 		return uintptr(b.Addr), nil
 	}
+	for _, nb := range batch {
+		p.setMeta(nb, stateCached)
+		p.meta[nb.ID].owner = uint32(pid)
+	}
 	pc := &c.ps[pid]
 	pc.lockWait()
-	class, _ := c.classes.SizeClass(r)
 	for _, nb := range batch[1:] {
 		pc.push(class, nb.Addr)
 		pc.stackBytes += nb.Size
@@ -297,14 +313,14 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 	pc.liveBytes += b.Size
 	pc.liveBlocks++
 	pc.allocs++
+	over := pc.stackBytes > c.share.Load()
 	pc.unlock()
 	procUnpin()
+	if over {
+		c.shed(pid)
+	}
 	return uintptr(b.Addr), nil
 }
-
-// stackRoom reports whether the current share leaves room for one more
-// block of r bytes in a refill (a refill never overfills a cache).
-func (c *cacheSet) stackRoom(r uint64) bool { return 2*r <= c.share.Load() }
 
 // updateShare recomputes each P's share of the cache budget. Pool lock
 // held.
@@ -316,24 +332,23 @@ func (c *cacheSet) updateShare() {
 	}
 }
 
-// shed gives the oldest blocks of the current P's cache back to the index
-// until it holds half its share. Pool lock held.
-func (c *cacheSet) shed() {
+// shed gives blocks of P pid's cache back to the index until it holds
+// half its share, those of the largest classes first (the fewest blocks
+// for the bytes), the oldest of each class first. Pool lock held.
+func (c *cacheSet) shed(pid int) {
 	c.updateShare()
-	pid := procPin()
-	if pid >= len(c.ps) {
-		procUnpin()
-		return
-	}
 	pc := &c.ps[pid]
 	pc.lockWait()
 	target := c.share.Load() / 2
 	var out []uint64
 	for class := len(pc.stacks) - 1; class >= 0 && pc.stackBytes > target; class-- {
 		st := pc.stacks[class]
+		if len(st) == 0 {
+			continue
+		}
+		r := c.classes.Size(class)
 		k := 0
 		for k < len(st) && pc.stackBytes > target {
-			r := c.blockSize(st[k])
 			pc.stackBytes -= r
 			pc.stackBlocks--
 			out = append(out, st[k])
@@ -342,38 +357,32 @@ func (c *cacheSet) shed() {
 		pc.stacks[class] = append(st[:0], st[k:]...)
 	}
 	pc.unlock()
-	procUnpin()
 	for _, a := range out {
-		c.giveBack(a)
+		_ = c.giveBack(a, true)
 	}
-}
-
-// blockSize is the size of an allocated block of the index. Pool lock
-// held.
-func (c *cacheSet) blockSize(addr uint64) uint64 {
-	b, _ := c.p.x.Lookup(addr)
-	return b.Size
 }
 
 // giveBack returns a block that left a cache's stack to the index (or, in
 // multi-stream mode, to the default stream's pending set). Pool lock held.
-func (c *cacheSet) giveBack(addr uint64) {
+// If the driver can neither record the free's event nor synchronize the
+// default stream, the block cannot go back yet; with keep it goes back on
+// a cache's stack instead (it was freed on the default stream, so any
+// cache may serve it), and the error is returned either way.
+func (c *cacheSet) giveBack(addr uint64, keep bool) error {
 	p := c.p
 	b, err := p.x.Lookup(addr)
 	if err != nil {
-		return // not reached: cached blocks are allocated in the index
+		return nil // not reached: cached blocks are allocated in the index
 	}
 	c.sysBytes -= b.Size
 	c.sysBlocks--
 	p.meta[b.ID].state = 0
-	if p.releaseFreed(b, 0) == nil {
-		return
+	err = p.releaseFreed(b, 0)
+	if err == nil || !keep {
+		return err
 	}
-	// The driver could neither record the free's event nor synchronize
-	// the default stream, so the block cannot go back yet. It was freed on
-	// the default stream, so any cache may keep serving it: the first one
-	// takes it back.
 	p.setMeta(b, stateCached)
+	p.meta[b.ID].owner = 0
 	c.sysBytes += b.Size
 	c.sysBlocks++
 	class, _ := c.classes.SizeClass(b.Size)
@@ -383,11 +392,14 @@ func (c *cacheSet) giveBack(addr uint64) {
 	pc.stackBytes += b.Size
 	pc.stackBlocks++
 	pc.unlock()
+	return err
 }
 
 // drainLocked empties every cache's stacks into the index: the
-// out-of-memory path, Trim and Close. Pool lock held.
-func (c *cacheSet) drainLocked() {
+// out-of-memory path, Trim and Close. With keep, blocks that cannot go
+// back stay cached (see giveBack); without (Close), they are dropped. It
+// returns the first error. Pool lock held.
+func (c *cacheSet) drainLocked(keep bool) error {
 	var out []uint64
 	for i := range c.ps {
 		pc := &c.ps[i]
@@ -399,45 +411,80 @@ func (c *cacheSet) drainLocked() {
 		pc.stackBytes, pc.stackBlocks = 0, 0
 		pc.unlock()
 	}
+	var first error
 	for _, a := range out {
-		c.giveBack(a)
-	}
-}
-
-// takeLive removes a block that some cache handed out from that cache's
-// table and reports whether one had it: the locked path of a free from
-// another P, or one that met a busy cache. Pool lock held.
-func (c *cacheSet) takeLive(addr uint64) bool {
-	for i := range c.ps {
-		pc := &c.ps[i]
-		pc.lockWait()
-		v, ok := pc.live.Take(addr)
-		r, _ := unpackLive(v)
-		if ok {
-			pc.liveBytes -= r
-			pc.liveBlocks--
-		}
-		pc.unlock()
-		if ok {
-			c.sysBytes -= r
-			c.sysBlocks--
-			return true
+		if err := c.giveBack(a, keep); err != nil && first == nil {
+			first = err
 		}
 	}
-	return false
+	return first
 }
 
-// forgetLive empties every cache's table of blocks handed out (Close:
-// later frees then take the locked path and see ErrClosed). Pool lock
+// takeLive removes block b, cached in the index's view, from the table of
+// blocks its cache handed out, and reports whether the block was there:
+// the locked path of a free from another P, or one that met a busy cache.
+// A block in the caches is either on its owner's stack or in its owner's
+// table: if not in the table, it was freed already. Pool lock held.
+func (c *cacheSet) takeLive(b tlsf.Block) bool {
+	owner := c.p.meta[b.ID].owner
+	if int(owner) >= len(c.ps) {
+		return false
+	}
+	pc := &c.ps[owner]
+	pc.lockWait()
+	_, ok := pc.live.Take(b.Addr)
+	if ok {
+		pc.liveBytes -= b.Size
+		pc.liveBlocks--
+	}
+	pc.unlock()
+	return ok
+}
+
+// adopt stacks block b, just taken from another P's table by takeLive and
+// freed on the default stream, on the current P's cache, which becomes its
+// owner, and reports whether it could (this P has a cache). A goroutine
+// that frees what another allocated then keeps serving itself. Pool lock
 // held.
-func (c *cacheSet) forgetLive() {
+func (c *cacheSet) adopt(b tlsf.Block) bool {
+	pid := procPin()
+	if pid >= len(c.ps) {
+		procUnpin()
+		return false
+	}
+	class, _ := c.classes.SizeClass(b.Size)
+	pc := &c.ps[pid]
+	pc.lockWait() // never waits: see refillLocked
+	pc.push(class, b.Addr)
+	pc.stackBytes += b.Size
+	pc.stackBlocks++
+	pc.frees++
+	over := pc.stackBytes > c.share.Load()
+	pc.unlock()
+	procUnpin()
+	c.p.meta[b.ID].owner = uint32(pid)
+	if over {
+		c.shed(pid)
+	}
+	return true
+}
+
+// forget empties every cache, stacks and tables (Close: the memory goes
+// back with the heap, and later calls take the locked path and see
+// ErrClosed). Pool lock held.
+func (c *cacheSet) forget() {
 	for i := range c.ps {
 		pc := &c.ps[i]
 		pc.lockWait()
+		for class := range pc.stacks {
+			pc.stacks[class] = nil
+		}
 		pc.live.Init(8)
+		pc.stackBytes, pc.stackBlocks = 0, 0
 		pc.liveBytes, pc.liveBlocks = 0, 0
 		pc.unlock()
 	}
+	c.sysBytes, c.sysBlocks = 0, 0
 }
 
 // addStats adds the caches' figures to a snapshot. Pool lock held.
@@ -463,7 +510,7 @@ func (c *cacheSet) check() error {
 	var blocks int64
 	var bad error
 	seen := map[uint64]bool{}
-	visit := func(addr, size uint64) {
+	visit := func(owner int, addr, size uint64) {
 		b, err := c.p.x.Lookup(addr)
 		switch {
 		case err != nil:
@@ -472,6 +519,8 @@ func (c *cacheSet) check() error {
 			bad = fmt.Errorf("pool: cached block %#x has %d bytes, the cache says %d", addr, b.Size, size)
 		case c.p.meta[b.ID].state != stateCached:
 			bad = fmt.Errorf("pool: cached block %#x in state %d", addr, c.p.meta[b.ID].state)
+		case c.p.meta[b.ID].owner != uint32(owner):
+			bad = fmt.Errorf("pool: block %#x in cache %d records owner %d", addr, owner, c.p.meta[b.ID].owner)
 		case seen[addr]:
 			bad = fmt.Errorf("pool: block %#x held twice by caches", addr)
 		}
@@ -483,11 +532,11 @@ func (c *cacheSet) check() error {
 		pc := &c.ps[i]
 		pc.lockWait()
 		var sb, lb uint64
-		for _, st := range pc.stacks {
+		for class, st := range pc.stacks {
 			for _, a := range st {
-				r := c.blockSize(a)
+				r := c.classes.Size(class)
 				sb += r
-				visit(a, r)
+				visit(i, a, r)
 			}
 		}
 		pc.live.All(func(a, v uint64) bool {
@@ -496,7 +545,7 @@ func (c *cacheSet) check() error {
 				bad = fmt.Errorf("pool: block %#x of %d bytes recorded in class %d, not %d", a, r, class, want)
 			}
 			lb += r
-			visit(a, r)
+			visit(i, a, r)
 			return true
 		})
 		if sb != pc.stackBytes || lb != pc.liveBytes {

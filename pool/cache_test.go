@@ -414,3 +414,58 @@ func TestCachesStayCorrectWhenGOMAXPROCSGrows(t *testing.T) {
 	require.Zero(t, p.Stats().Reserved)
 	checkStep(t, p, d)
 }
+
+// A Close whose caches cannot hand their blocks back (the driver can
+// neither record the frees' events nor synchronize) still closes: the
+// blocks go with the heap, and no later call finds memory in a cache.
+func TestCloseWithAFailingDrainLeavesNothingCached(t *testing.T) {
+	sim := device.NewSim(device.SimConfig{Capacity: giB})
+	p, err := New(sim, Options{})
+	require.NoError(t, err)
+	s, err := sim.StreamCreate()
+	require.NoError(t, err)
+	x, err := p.AllocOn(miB, s) // a second stream: multi-stream mode
+	require.NoError(t, err)
+	require.NoError(t, p.FreeOn(x, s))
+	ptr, err := p.Alloc(4 * kiB) // cached blocks on this P
+	require.NoError(t, err)
+	require.NoError(t, p.Free(ptr))
+	require.NotZero(t, p.Stats().Cached)
+
+	sim.FailRate(device.CallEventRecord, 1, nil)
+	sim.FailRate(device.CallStreamSynchronize, 1, nil)
+	require.Error(t, p.Close(), "the drain's failures are reported")
+	sim.ClearFaults()
+
+	_, err = p.Alloc(4 * kiB)
+	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, p.Free(ptr), ErrClosed)
+	require.ErrorIs(t, p.Close(), ErrClosed)
+	require.NoError(t, sim.StreamDestroy(s))
+}
+
+// A block allocated on one goroutine's P and freed on another's goes to
+// the freeing P's cache, which serves it again without the pool's lock.
+func TestAFreeOnAnotherPIsAdopted(t *testing.T) {
+	sim := device.NewSim(device.SimConfig{Capacity: giB})
+	p := openPool(t, onSim(sim), Options{})
+	const n = 64
+	ptrs := make(chan uintptr, n)
+	go func() {
+		for range n {
+			ptr, err := p.Alloc(4 * kiB)
+			if err != nil {
+				t.Error(err)
+			}
+			ptrs <- ptr
+		}
+		close(ptrs)
+	}()
+	for ptr := range ptrs {
+		require.NoError(t, p.Free(ptr))
+	}
+	checkStep(t, p, onSim(sim))
+	st := p.Stats()
+	require.Zero(t, st.Allocations)
+	require.Equal(t, uint64(n), st.Frees)
+}

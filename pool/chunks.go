@@ -28,14 +28,11 @@ func newChunkHeap(dev *counted, x *tlsf.Index) *chunkHeap {
 }
 
 func (h *chunkHeap) reserved() uint64    { return h.total }
+func (h *chunkHeap) spare() uint64       { return 0 }
 func (h *chunkHeap) granularity() uint64 { return chunkGranularity }
 
-// need is the whole block: a new chunk is a new region, and cuMemAlloc's
-// 2 MiB-aligned chunks need no padding below 2 MiB alignment.
-func (h *chunkHeap) need(size, align uint64) uint64 {
-	if align > chunkGranularity {
-		size += align
-	}
+// need is the whole block: a new chunk is a new region.
+func (h *chunkHeap) need(size uint64) uint64 {
 	return roundUp(size, chunkGranularity)
 }
 

@@ -7,8 +7,9 @@ import (
 )
 
 // counted wraps the pool's Device and counts every call the pool makes,
-// by kind, for Stats.DeviceCalls. The counters are atomic because a few
-// calls (event queries of caches' blocks) happen outside the pool's lock.
+// by kind, for Stats.DeviceCalls. The pool makes its calls under its lock;
+// the counters are atomic all the same, so that no future call outside it
+// can race with Stats.
 type counted struct {
 	device.Device
 	n [device.NumCalls]atomic.Uint64

@@ -8,8 +8,8 @@ import "github.com/gpumem/tlsf/tlsf"
 // memory. The pool calls it with its lock held.
 type heap interface {
 	// need returns by how many bytes the heap must grow for a block of
-	// size bytes (a size-class boundary), aligned to align bytes, to fit.
-	need(size, align uint64) uint64
+	// size bytes (a size-class boundary) to fit.
+	need(size uint64) uint64
 	// grow adds at least need bytes, and up to want bytes, of backed space
 	// to the index. On error nothing changed.
 	grow(need, want uint64) error
@@ -32,6 +32,9 @@ type heap interface {
 	release(limit uint64, keep bool) (uint64, error)
 	// reserved is the device memory the heap holds, in bytes.
 	reserved() uint64
+	// spare is the part of reserved held but not mapped (a VMM heap's
+	// spares): the next mappings take it before asking the driver.
+	spare() uint64
 	// granularity is the unit in which the heap takes memory, in bytes.
 	granularity() uint64
 	// close returns everything to the driver.

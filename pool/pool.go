@@ -23,6 +23,7 @@ const (
 
 type allocMeta struct {
 	state uint8
+	owner uint32 // stateCached: the P whose cache holds it
 }
 
 // Pool is a device-memory allocator for one device: a TLSF index over
@@ -110,6 +111,9 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 	}
 	switch p.backend {
 	case BackendVMM:
+		if !dev.VMMSupported() {
+			return nil, fmt.Errorf("%w: BackendVMM on %s, which has no virtual memory management", ErrBadOptions, dev.Name())
+		}
 		if p.heap, err = newVMMHeap(p.dev, p.x, o.VirtualSize, total); err != nil {
 			return nil, err
 		}
@@ -308,7 +312,9 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 			_, _ = p.x.Free(b.Addr)
 			return tlsf.Block{}, err
 		}
-		if capped, limit, cerr := p.cap(); cerr != nil || (capped && p.heap.reserved()+need > limit) {
+		// Spare physical memory (moved by makeRoom) maps first, and counts
+		// as reserved already.
+		if capped, limit, cerr := p.cap(); cerr != nil || (capped && p.reserved()+need-min(need, p.heap.spare()) > limit) {
 			_, _ = p.x.Free(b.Addr)
 			if cerr != nil {
 				return tlsf.Block{}, cerr
@@ -382,14 +388,13 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	// An aligned search (AllocAligned) takes a free block of the size
 	// class of r plus the padding any alignment may cost: make room for
 	// that, or a block that fits exactly is never found.
-	room, roomAlign := r, align
+	room := r
 	if align > indexGranularity {
 		if room, err = p.x.RoundUp(r + align - indexGranularity); err != nil {
 			return tlsf.Block{}, fmt.Errorf("%w: %d bytes aligned to %d", ErrTooLarge, size, align)
 		}
-		roomAlign = 0
 	}
-	need := p.heap.need(room, roomAlign)
+	need := p.heap.need(room)
 	if need == 0 {
 		return p.search(size, align)
 	}
@@ -404,13 +409,21 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 		return tlsf.Block{}, err
 	}
 	g := p.heap.granularity()
-	res := p.heap.reserved()
+	// Spare physical memory maps first and is reserved already: only what
+	// it does not cover adds to reserved, and needs the driver.
+	spare := p.heap.spare()
+	res := p.reserved() - min(p.reserved(), spare)
 	want := roundUp(max(need, uint64(p.opts.GrowFraction*float64(free))), g)
 	if capped, limit := p.capFrom(free); capped {
 		if res+need+tail > limit {
 			return tlsf.Block{}, errNoRoom
 		}
 		want = max(need, min(want, (limit-res-tail)/g*g))
+	}
+	if need+tail > free+spare {
+		// The device has not got it: asking page by page would take every
+		// free page from other processes before failing.
+		return tlsf.Block{}, fmt.Errorf("pool: %s more needed, %s free: %w", sizeString(need+tail-min(need+tail, spare)), sizeString(free), device.ErrOutOfMemory)
 	}
 	if err := p.heap.grow(need, want); err != nil {
 		return tlsf.Block{}, err
@@ -465,12 +478,31 @@ func (p *Pool) oomError(size uint64, cause error) error {
 	if p.pt == nil {
 		largest = p.x.LargestFree()
 	}
-	msg := fmt.Sprintf("request of %d bytes; allocated %d, reserved %d bytes; largest free block %d bytes; device free %d of %d bytes",
-		size, p.c.allocated, p.reserved(), largest, free, total)
+	limit := "no cap"
+	if capped, c := p.capFrom(free); capped {
+		limit = "cap " + sizeString(c)
+	}
+	msg := fmt.Sprintf("request of %s; allocated %s, reserved %s (%s); largest free block %s; device free %s of %s",
+		sizeString(size), sizeString(p.c.allocated), sizeString(p.reserved()), limit,
+		sizeString(largest), sizeString(free), sizeString(total))
 	if isOOM(cause) {
 		return fmt.Errorf("%w: %s: %w", ErrOutOfMemory, msg, cause)
 	}
 	return fmt.Errorf("%w: %s", ErrOutOfMemory, msg)
+}
+
+// sizeString writes n bytes for a person: "12345 bytes", or with the
+// binary unit beside the exact figure, "64.00 MiB (67108864 bytes)".
+func sizeString(n uint64) string {
+	units := []string{"KiB", "MiB", "GiB", "TiB"}
+	if n < 1<<10 {
+		return fmt.Sprintf("%d bytes", n)
+	}
+	v, u := float64(n)/1024, 0
+	for v >= 1024 && u < len(units)-1 {
+		v, u = v/1024, u+1
+	}
+	return fmt.Sprintf("%.2f %s (%d bytes)", v, units[u], n)
 }
 
 // AllocPitch allocates height rows of at least widthBytes each, for use on
@@ -592,11 +624,17 @@ func (p *Pool) freeLocked(ptr uintptr, s device.Stream) error {
 	case stateLive:
 	case stateCached:
 		// Handed out by a cache, freed on another P (or meeting a busy
-		// cache, or on another stream): take it back from that cache and
-		// free it here. In no cache's table: it sits in a stack, freed.
-		if !p.cache.takeLive(b.Addr) {
+		// cache, or on another stream): take it from its owner's table.
+		// On the default stream the freeing P's cache adopts it; else it
+		// is freed here. In no table, it sits on a stack: freed already.
+		if !p.cache.takeLive(b) {
 			return fmt.Errorf("%w: %#x", ErrDoubleFree, ptr)
 		}
+		if s == 0 && p.cache.adopt(b) {
+			return nil // now cached by this P
+		}
+		p.cache.sysBytes -= b.Size
+		p.cache.sysBlocks--
 		// Live in the pool's own counters from now on, so that a failure
 		// below leaves it a consistent live block.
 		p.meta[b.ID].state = stateLive
@@ -636,20 +674,15 @@ func (p *Pool) releaseFreed(b tlsf.Block, s device.Stream) error {
 		return fmt.Errorf("pool: registering stream %#x: %w", uintptr(s), err)
 	}
 	if p.ss.multi {
-		if err := p.ss.defer_(st, b); err == nil {
-			p.setMeta(b, statePending)
-			p.c.active += b.Size
-			p.c.pending += b.Size
-			p.c.pendingBlocks++
-			if p.ss.frees >= pollInterval {
-				_ = p.pollPending(false)
-			}
-			return nil
+		p.ss.defer_(st, b)
+		p.setMeta(b, statePending)
+		p.c.active += b.Size
+		p.c.pending += b.Size
+		p.c.pendingBlocks++
+		if p.ss.frees >= pollInterval {
+			_ = p.pollPending(false)
 		}
-		// The event could not be recorded: wait for the stream instead.
-		if err := p.dev.StreamSynchronize(s); err != nil {
-			return fmt.Errorf("pool: freeing %#x on stream %#x: %w", b.Addr, uintptr(s), err)
-		}
+		return nil
 	}
 	if _, err := p.x.Free(b.Addr); err != nil {
 		return translate(err) // not reached: b is allocated in the index
@@ -692,12 +725,10 @@ func (p *Pool) reclaimPending(addr uint64) {
 	p.c.active -= b.Size
 }
 
-// afterLockedFree applies the release policy every so many frees.
+// afterLockedFree applies FreeFloorFraction every ReleaseCheckInterval
+// frees under the lock.
 func (p *Pool) afterLockedFree() {
 	p.lockedFree++
-	if p.lockedFree%(ReleaseCheckInterval/16) != 0 {
-		return
-	}
 	if p.lockedFree%ReleaseCheckInterval == 0 && p.opts.FreeFloorFraction > 0 {
 		if free, total, err := p.dev.MemGetInfo(); err == nil && float64(free) < p.opts.FreeFloorFraction*float64(total) {
 			_, _ = p.releaseUnused(math.MaxUint64)
@@ -816,11 +847,12 @@ func (p *Pool) Close() error {
 	if p.closed {
 		return ErrClosed
 	}
-	p.flushCaches()
-	if p.cache != nil {
-		p.cache.forgetLive()
-	}
 	var errs []error
+	if p.cache != nil {
+		// Blocks that cannot go back to the index go with the heap.
+		errs = append(errs, p.cache.drainLocked(false))
+		p.cache.forget()
+	}
 	errs = append(errs, p.pollPending(true))
 	errs = append(errs, p.ss.syncDirty())
 	errs = append(errs, p.ss.close(func(uint64) {}))
@@ -836,9 +868,10 @@ func (p *Pool) Close() error {
 	return errors.Join(errs...)
 }
 
-// flushCaches drains the per-P caches into the index. Pool lock held.
+// flushCaches drains the per-P caches into the index (blocks whose free
+// the driver cannot order stay cached). Pool lock held.
 func (p *Pool) flushCaches() {
 	if p.cache != nil {
-		p.cache.drainLocked()
+		_ = p.cache.drainLocked(true)
 	}
 }

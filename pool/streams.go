@@ -23,12 +23,13 @@ import (
 // records a switch event on the first stream, and makes every new stream
 // wait for it (cuStreamWaitEvent), which orders all frees made so far
 // before the new stream's work. From then on a free on S does not return
-// the block to the index: it joins S's pending set, and S's open batch
-// event is recorded again after it. A request on S first reuses a pending
-// block of S of its exact size class. Batches are sealed and their events
-// polled when an index search fails and every pollInterval frees; blocks
-// of completed batches go back to the index (and merge). On the
-// out-of-memory path the pool waits for every batch.
+// the block to the index: it joins S's pending set and its open batch. A
+// request on S first reuses a pending block of S of its exact size class.
+// When an index search fails, and every pollInterval frees, the pool seals
+// the open batches, recording one event on each stream after all of its
+// frees (one driver call per batch, not per free), and polls the sealed
+// ones; blocks of completed batches go back to the index (and merge). On
+// the out-of-memory path the pool waits for every batch.
 
 // pollInterval: multi-stream frees between two polls of pending batches.
 const pollInterval = 64
@@ -131,27 +132,53 @@ func (ss *streamSet) event() (device.Event, error) {
 
 // defer_ adds block b, freed on st, to st's pending set and records st's
 // open batch event after it. On error nothing changed.
-func (ss *streamSet) defer_(st *streamState, b tlsf.Block) error {
+func (ss *streamSet) defer_(st *streamState, b tlsf.Block) {
 	if st.open == nil {
-		ev, err := ss.event()
-		if err != nil {
-			return err
-		}
 		ss.seq++
-		st.open = &batch{ev: ev, seq: ss.seq}
-	}
-	if err := ss.dev.EventRecord(st.open.ev, st.s); err != nil {
-		if len(st.open.addrs) == 0 {
-			ss.spare = append(ss.spare, st.open.ev)
-			st.open = nil
-		}
-		return err
+		st.open = &batch{seq: ss.seq}
 	}
 	st.open.addrs = append(st.open.addrs, b.Addr)
 	st.pending[b.Addr] = pendingBlock{seq: st.open.seq, size: b.Size}
 	st.bySize[b.Size] = append(st.bySize[b.Size], b.Addr)
 	ss.frees++
+}
+
+// seal records the event of st's open batch, after all of its frees, and
+// queues the batch. If the event cannot be recorded, it waits for the
+// stream instead and hands the batch's blocks to reclaim at once; if that
+// fails too, the batch stays open and the error is returned.
+func (ss *streamSet) seal(st *streamState, reclaim func(addr uint64)) error {
+	b := st.open
+	if b == nil {
+		return nil
+	}
+	ev, err := ss.event()
+	if err == nil {
+		if err = ss.dev.EventRecord(ev, st.s); err == nil {
+			b.ev = ev
+			st.sealed = append(st.sealed, b)
+			st.open = nil
+			return nil
+		}
+		ss.spare = append(ss.spare, ev)
+	}
+	if serr := ss.dev.StreamSynchronize(st.s); serr != nil {
+		return err
+	}
+	st.reclaim(b, reclaim)
+	st.open = nil
 	return nil
+}
+
+// reclaim hands the blocks of batch b, which completed, to reclaim.
+func (st *streamState) reclaim(b *batch, reclaim func(addr uint64)) {
+	for _, addr := range b.addrs {
+		if pb, ok := st.pending[addr]; ok && pb.seq == b.seq {
+			delete(st.pending, addr)
+			st.stale++
+			reclaim(addr)
+		}
+	}
 }
 
 // reuse pops a pending block of st of exactly size bytes (a size-class
@@ -179,9 +206,8 @@ func (ss *streamSet) poll(wait bool, reclaim func(addr uint64)) error {
 	ss.frees = 0
 	var firstErr error
 	for _, st := range ss.all {
-		if st.open != nil {
-			st.sealed = append(st.sealed, st.open)
-			st.open = nil
+		if err := ss.seal(st, reclaim); err != nil && firstErr == nil {
+			firstErr = err
 		}
 		for len(st.sealed) > 0 {
 			b := st.sealed[0]
@@ -199,13 +225,7 @@ func (ss *streamSet) poll(wait bool, reclaim func(addr uint64)) error {
 			if !done {
 				break
 			}
-			for _, addr := range b.addrs {
-				if pb, ok := st.pending[addr]; ok && pb.seq == b.seq {
-					delete(st.pending, addr)
-					st.stale++
-					reclaim(addr)
-				}
-			}
+			st.reclaim(b, reclaim)
 			ss.spare = append(ss.spare, b.ev)
 			st.sealed[0] = nil
 			st.sealed = st.sealed[1:]
@@ -292,19 +312,13 @@ func (ss *streamSet) forget(s device.Stream, reclaim func(addr uint64)) error {
 	if err := ss.dev.StreamSynchronize(s); err != nil {
 		return err
 	}
-	// Every event recorded on s is now complete.
-	if st.open != nil {
-		st.sealed = append(st.sealed, st.open)
-		st.open = nil
-	}
+	// Every free on s is now done, and every event recorded on it.
 	for _, b := range st.sealed {
-		for _, addr := range b.addrs {
-			if pb, ok := st.pending[addr]; ok && pb.seq == b.seq {
-				delete(st.pending, addr)
-				reclaim(addr)
-			}
-		}
+		st.reclaim(b, reclaim)
 		ss.spare = append(ss.spare, b.ev)
+	}
+	if st.open != nil {
+		st.reclaim(st.open, reclaim)
 	}
 	delete(ss.all, s)
 	if ss.first == st && !ss.multi {

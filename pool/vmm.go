@@ -78,16 +78,13 @@ func (h *vmmHeap) reserved() uint64 {
 	return (h.nMapped + uint64(len(h.orphans)+len(h.spares))) * h.gran
 }
 func (h *vmmHeap) granularity() uint64 { return h.gran }
+func (h *vmmHeap) spare() uint64       { return uint64(len(h.spares)) * h.gran }
 
-func (h *vmmHeap) need(size, align uint64) uint64 {
+func (h *vmmHeap) need(size uint64) uint64 {
 	var tail uint64
 	if h.end > h.base {
 		if last, err := h.x.Last(h.base); err == nil && last.Free {
 			tail = last.Size
-			if align > 0 && last.Addr%align != 0 {
-				tail = 0 // keep it simple: the padding may eat the tail
-				size += align
-			}
 		}
 	}
 	if tail >= size {
@@ -354,8 +351,16 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 	}
 	type run struct{ first, n, blockSize uint64 }
 	var runs []run
+	var top uint64 = ^uint64(0)
+	if keep && h.end > h.base {
+		// Moving pages out of the free top of the heap would be undone at
+		// once: a growth is about to cover it.
+		if last, err := h.x.Last(h.base); err == nil && last.Free {
+			top = last.Addr
+		}
+	}
 	h.x.Walk(func(b tlsf.Block) bool {
-		if !b.Free {
+		if !b.Free || b.Addr == top {
 			return true
 		}
 		first := (b.Addr - h.base + h.gran - 1) / h.gran

@@ -86,3 +86,10 @@ func (c Classes) SizeClass(size uint64) (class int, rounded uint64) {
 	fl, sl := c.m.insert(rounded)
 	return int(fl<<(c.m.slLog2&63) | sl), rounded // dense: not listIndex
 }
+
+// Size returns the block size of size class class (a value SizeClass
+// returns): the class's lower bound, in bytes.
+func (c Classes) Size(class int) uint64 {
+	s := c.m.slLog2 & 63
+	return c.m.classMin(uint(class)>>s, uint(class)&(1<<s-1))
+}

@@ -115,5 +115,6 @@ func TestSizeClass(t *testing.T) {
 		c2, r3 := x.SizeClass(r)
 		assert.Equal(t, c, c2, "the rounded size is in the same class")
 		assert.Equal(t, r, r3)
+		assert.Equal(t, r, x.Classes().Size(c), "a class's size is its lower bound")
 	}
 }

@@ -14,8 +14,9 @@ type region struct {
 	inUse       bool
 }
 
-// regionSet holds regions in stable slots (block records name their slot)
-// and keeps the slots in use sorted by base for lookups by address.
+// regionSet holds regions in stable slots and keeps the slots in use
+// sorted by base for lookups by address (a block's region is found from
+// its address).
 type regionSet struct {
 	slots []region
 	spare []uint32

@@ -54,7 +54,7 @@ type multiOpts struct {
 func newMultiCmd(g *globalFlags) *cobra.Command {
 	o := &multiOpts{}
 	cmd := &cobra.Command{
-		Use:   "multi --procs K [flags]",
+		Use:   "multi [--procs K] [flags]",
 		Short: "K processes share one GPU, each pool capped by a fraction; oversubscribed, they must fail cleanly",
 		Long: `Run K processes on one GPU, each with a pool whose reserved memory is capped at
 --fraction (default 1/K) of the memory available to it, each running the

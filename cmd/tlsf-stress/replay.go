@@ -46,7 +46,7 @@ func newReplayCmd(g *globalFlags) *cobra.Command {
 	o := &replayOpts{}
 	var backends []string
 	cmd := &cobra.Command{
-		Use:   "replay [flags] TRACE...",
+		Use:   "replay [flags] [TRACE...]",
 		Short: "Replay allocation traces through the pool and its peers",
 		Long: `Replay allocation traces through each backend, twice on the same allocator: the
 first replay warms it, the second is timed, so ns/op is the warm replay cost
@@ -55,7 +55,16 @@ per alloc or free, as the peers' figures are.
 A TRACE is a file (this project's text format, a PyTorch memory snapshot
 pickle, or an RMM logging_resource_adaptor CSV log, plain or gzip, told apart
 by content) or the name of an embedded trace: ` + strings.Join(trace.Names(), ", ") + `.
-Without TRACE, every embedded trace is replayed.`,
+Without TRACE, every embedded trace is replayed. The text format, one record a
+line:
+
+  # a comment
+  a ID SIZE STREAM   allocate SIZE bytes on STREAM (0: the default stream)
+  f ID               free the block allocated as ID
+
+A cap (--cap) is bytes with an optional suffix (KiB, MiB, GiB, TiB; K, M, G,
+T), or, written with a decimal point, a fraction of the device's memory:
+--cap 0.5 is half of it, --cap 1 is one byte.`,
 		Args: wrapArgs(cobra.ArbitraryArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error

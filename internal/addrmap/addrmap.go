@@ -16,8 +16,8 @@ package addrmap
 // reserved: it marks empty slots (no block can start there).
 type Map struct {
 	slots []slot
-	mask  uint64 // len(keys) - 1; the length is a power of two
-	shift uint   // 64 - log2(len(keys))
+	mask  uint64 // len(slots) - 1; the length is a power of two
+	shift uint   // 64 - log2(len(slots))
 	gran  uint   // log2 of the key granularity
 	n     int
 }

@@ -84,6 +84,7 @@ func RunSampled(t *trace.Trace, a Allocator, every int, sample func(op int, live
 	for i, op := range t.Ops {
 		if every > 0 && i%every == 0 {
 			if err := sample(i, cur); err != nil {
+				res.Elapsed = time.Since(start)
 				return res, err
 			}
 		}
@@ -133,7 +134,14 @@ func RunSampled(t *trace.Trace, a Allocator, every int, sample func(op int, live
 // assumes that a replay that succeeds under a cap succeeds under any
 // larger one, which holds closely but not exactly for a real allocator:
 // the result is the boundary bisection finds.
+//
+// The result lies in (lo, hi]: lo itself is taken as failing (a cap of
+// peak live bytes leaves no room for anything but the live blocks). step
+// must be positive.
 func MinCap(lo, hi, step uint64, replay func(cap uint64) (ok bool, err error)) (uint64, int, error) {
+	if step == 0 {
+		return 0, 0, fmt.Errorf("replay: MinCap with a step of 0")
+	}
 	lo, hi = lo/step*step, (hi+step-1)/step*step
 	runs := 0
 	for {

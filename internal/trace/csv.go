@@ -32,7 +32,7 @@ func csvLines(name string, r *limitReader) (*Trace, error) {
 		if line == 1 {
 			s = bytes.TrimPrefix(s, []byte("\ufeff"))
 			if string(s) != rmmHeader {
-				return nil, atLine(name, line, "CSV header %q, want %q", clip(s), rmmHeader)
+				return nil, atLine(name, line, "not a trace this package reads (text, PyTorch snapshot pickle, or RMM CSV): CSV header %q, want %q", clip(s), rmmHeader)
 			}
 			continue
 		}
