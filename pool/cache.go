@@ -17,8 +17,8 @@ import (
 // blocks, stacked by size class, and serves Alloc and Free of small
 // blocks on the default stream from it without taking the pool's lock. An
 // empty stack is refilled with a batch of blocks from the TLSF index under
-// the lock; a cache holding more than its share of bytes gives the oldest
-// half back. Blocks in caches stay allocated in the index (the index never
+// the lock; a cache holding more than its share of bytes gives blocks back
+// until it holds half of it. Blocks in caches stay allocated in the index (the index never
 // sees the churn), keep their size-class size, and were all freed on the
 // default stream, so reusing them on it is stream-ordered.
 //
@@ -34,11 +34,12 @@ import (
 // back). Its owner takes it for a few nanoseconds per call, never while
 // waiting for anything; it exists so that the pool, holding its own lock,
 // can reach into every cache: to drain them on the out-of-memory path,
-// Trim and Close, and to find a block freed by a goroutine on another P
-// (the free misses its own cache's table of blocks it handed out, takes
-// the pool's lock, and looks in the others). The lock order is pool lock,
-// then cache lock; an owner never takes the pool's lock while holding its
-// cache's.
+// Trim and Close, and to take back a block freed by a goroutine on
+// another P (the free misses its own cache's table of blocks it handed
+// out, takes the pool's lock, finds the block's owner recorded with the
+// block, and the freeing P's cache adopts it). The lock order is pool
+// lock, then cache lock; an owner never takes the pool's lock while
+// holding its cache's.
 //
 // Statistics: each cache counts its blocks in use and in stacks under its
 // lock, and Stats sums them. The pool's own counters see the caches as one
