@@ -180,25 +180,38 @@ func (h *vmmHeap) unmapOrStray(first, n uint64) {
 	h.nStray += n
 }
 
-// unmapStrays unmaps the stray pages. Those below end stay holes.
-func (h *vmmHeap) unmapStrays() error {
-	for p := uint64(0); h.nStray > 0 && p < uint64(len(h.stray)); {
-		if !h.stray[p] {
+// runs returns the maximal runs of pages in [first, end) whose flag is
+// want, as (first page, count) pairs in address order.
+func runs(flags []bool, first, end uint64, want bool) [][2]uint64 {
+	var out [][2]uint64
+	for p := first; p < end; {
+		if flags[p] != want {
 			p++
 			continue
 		}
 		q := p
-		for q < uint64(len(h.stray)) && h.stray[q] {
+		for q < end && flags[q] == want {
 			q++
 		}
-		if err := h.unmapRun(p, q-p); err != nil {
+		out = append(out, [2]uint64{p, q - p})
+		p = q
+	}
+	return out
+}
+
+// unmapStrays unmaps the stray pages. Those below end stay holes.
+func (h *vmmHeap) unmapStrays() error {
+	if h.nStray == 0 {
+		return nil
+	}
+	for _, r := range runs(h.stray, 0, uint64(len(h.stray)), true) {
+		if err := h.unmapRun(r[0], r[1]); err != nil {
 			return err
 		}
-		for r := p; r < q; r++ {
-			h.stray[r] = false
+		for p := r[0]; p < r[0]+r[1]; p++ {
+			h.stray[p] = false
 		}
-		h.nStray -= q - p
-		p = q
+		h.nStray -= r[1]
 	}
 	return nil
 }
@@ -299,15 +312,8 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 	}
 	first, end := h.pages(b)
 	var mappedNow [][2]uint64
-	for p := first; p < end; {
-		if h.mapped[p] {
-			p++
-			continue
-		}
-		q := p
-		for q < end && !h.mapped[q] {
-			q++
-		}
+	for _, hole := range runs(h.mapped, first, end, false) {
+		p, q := hole[0], hole[0]+hole[1]
 		if _, err := h.mapRun(p, q-p, q-p); err != nil {
 			for _, r := range mappedNow {
 				if h.unmapRun(r[0], r[1]) == nil {
@@ -317,8 +323,7 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 			return err
 		}
 		h.holes -= q - p
-		mappedNow = append(mappedNow, [2]uint64{p, q - p})
-		p = q
+		mappedNow = append(mappedNow, hole)
 	}
 	return nil
 }
@@ -350,7 +355,7 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 		}
 	}
 	type run struct{ first, n, blockSize uint64 }
-	var runs []run
+	var free []run
 	var top uint64 = ^uint64(0)
 	if keep && h.end > h.base {
 		// Moving pages out of the free top of the heap would be undone at
@@ -365,21 +370,12 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 		}
 		first := (b.Addr - h.base + h.gran - 1) / h.gran
 		end := (b.Addr + b.Size - h.base) / h.gran
-		for p := first; p < end; {
-			if !h.mapped[p] {
-				p++
-				continue
-			}
-			q := p
-			for q < end && h.mapped[q] {
-				q++
-			}
-			runs = append(runs, run{p, q - p, b.Size})
-			p = q
+		for _, r := range runs(h.mapped, first, end, true) {
+			free = append(free, run{r[0], r[1], b.Size})
 		}
 		return true
 	})
-	slices.SortStableFunc(runs, func(a, b run) int { return cmp.Compare(b.blockSize, a.blockSize) })
+	slices.SortStableFunc(free, func(a, b run) int { return cmp.Compare(b.blockSize, a.blockSize) })
 	if !keep {
 		n, err := h.releaseOrphans()
 		released += n
@@ -387,7 +383,7 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 			return released, err
 		}
 	}
-	for _, r := range runs {
+	for _, r := range free {
 		if released >= limit {
 			break
 		}
@@ -413,20 +409,11 @@ func (h *vmmHeap) close() error {
 	if err := h.unmapStrays(); err != nil {
 		errs = append(errs, err)
 	}
-	pages := uint64(len(h.mapped)) // strays may lie above end
-	for p := uint64(0); p < pages; {
-		if !h.mapped[p] {
-			p++
-			continue
-		}
-		q := p
-		for q < pages && h.mapped[q] {
-			q++
-		}
-		if err := h.unmapRun(p, q-p); err != nil {
+	// Strays may lie above end: look at every page.
+	for _, r := range runs(h.mapped, 0, uint64(len(h.mapped)), true) {
+		if err := h.unmapRun(r[0], r[1]); err != nil {
 			errs = append(errs, err)
 		}
-		p = q
 	}
 	for _, mh := range h.spares {
 		h.releaseHandle(mh)
