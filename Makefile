@@ -30,6 +30,6 @@ stress:
 gpu:
 	mkdir -p bin
 	GOOS=linux GOARCH=amd64 CGO_ENABLED=0 $(GO) build -o bin/tlsf-stress ./cmd/tlsf-stress
-	for p in device pool bench; do \
-		GOOS=linux GOARCH=amd64 CGO_ENABLED=0 $(GO) test -c -o bin/$$p.test ./$$p || exit 1; \
+	for p in device/cuda pool bench; do \
+		GOOS=linux GOARCH=amd64 CGO_ENABLED=0 $(GO) test -c -o bin/$$(basename $$p).test ./$$p || exit 1; \
 	done

@@ -6,7 +6,7 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/gpumem/tlsf/internal/replay"
 	"github.com/gpumem/tlsf/internal/trace"
 	"github.com/gpumem/tlsf/pool"
@@ -14,7 +14,7 @@ import (
 
 func newSimPool(tb testing.TB, o pool.Options) *pool.Pool {
 	tb.Helper()
-	p, err := pool.New(device.NewSim(device.SimConfig{}), o)
+	p, err := pool.New(sim.New(sim.Config{}), o)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -15,8 +15,8 @@ package device
 import "fmt"
 
 // AsyncAllocator is implemented by devices that have the driver's
-// stream-ordered allocator: CUDADevice (where the driver and device
-// support memory pools) and Sim (an emulation, see sim_async.go). Sizes
+// stream-ordered allocator: cuda.Device (where the driver and device
+// support memory pools) and sim.Device (an emulation). Sizes
 // are bytes. Every method is safe for concurrent use.
 type AsyncAllocator interface {
 	// MemAllocAsync allocates size bytes from the device's default memory
@@ -87,7 +87,8 @@ func (a MemPoolAttribute) String() string {
 	return fmt.Sprintf("MemPoolAttribute(%d)", int(a))
 }
 
-// valid reports whether a is one of the attributes above.
-func (a MemPoolAttribute) valid() bool {
+// Valid reports whether a is one of the attributes above; implementations
+// reject any other with ErrInvalidValue.
+func (a MemPoolAttribute) Valid() bool {
 	return a >= MemPoolReleaseThreshold && a <= MemPoolUsedMemHigh
 }

@@ -142,7 +142,7 @@ var (
 	// mapped (CUDA_ERROR_ILLEGAL_ADDRESS); on the simulated device, what a
 	// use after free looks like.
 	ErrIllegalAddress = errors.New("device: illegal address")
-	// ErrInjected: a failure injected by Sim's fault injection when the
+	// ErrInjected: a failure injected by the simulated device (device/sim) when the
 	// caller chose no other error.
 	ErrInjected = errors.New("device: injected fault")
 )

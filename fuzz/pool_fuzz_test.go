@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/gpumem/tlsf/pool"
 	"github.com/gpumem/tlsf/tlsf"
 )
@@ -92,8 +93,8 @@ type liveBlock struct {
 
 type poolRun struct {
 	t        testing.TB
-	sim      *device.Sim
-	other    *device.Sim // another process on the same GPU
+	sd       *sim.Device
+	other    *sim.Device // another process on the same GPU
 	p        *pool.Pool
 	backend  pool.Backend
 	sizes    *tlsf.Index // the pool's size classes
@@ -114,7 +115,7 @@ func runPool(t testing.TB, in []byte) {
 	cacheOff := r.bool()
 	capacity := pick(r, uint64(64<<20), 256<<20, 1<<30)
 	gran := pick(r, uint64(2<<20), 512<<10, 1<<20) // a VMM pool walks its pages in Check: not too many
-	sim := device.NewSim(device.SimConfig{Capacity: capacity, Granularity: gran, Shadow: true, Seed: uint64(r.u8())})
+	sd := sim.New(sim.Config{Capacity: capacity, Granularity: gran, Shadow: true, Seed: uint64(r.u8())})
 	opts := pool.Options{
 		Backend:           backend,
 		GrowFraction:      pick(r, 0, 1.0/4096, 1.0/64, 0.25, 1),
@@ -131,11 +132,11 @@ func runPool(t testing.TB, in []byte) {
 			MaxFraction: pick(r, 0, 0.01, 1),
 		},
 	}
-	run := &poolRun{t: t, sim: sim, other: sim.NewProcess(), backend: backend, nextPat: 0x5eed0000,
+	run := &poolRun{t: t, sd: sd, other: sd.NewProcess(), backend: backend, nextPat: 0x5eed0000,
 		faults: map[device.Call]bool{}, held: map[device.Stream]bool{}}
 	run.streams = []device.Stream{0}
 	for range 2 {
-		s, err := sim.StreamCreate()
+		s, err := sd.StreamCreate()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -148,7 +149,7 @@ func runPool(t testing.TB, in []byte) {
 			run.fault(r)
 		}
 	}
-	p, err := pool.New(sim, opts)
+	p, err := pool.New(sd, opts)
 	if err != nil {
 		if !errors.Is(err, pool.ErrBadOptions) && !(run.faulted && isDeviceError(err)) {
 			t.Fatalf("New(%+v): %v", opts, err)
@@ -156,7 +157,7 @@ func runPool(t testing.TB, in []byte) {
 		// A failed New returns what it took, unless returning it failed
 		// too: then nothing is left to retry with.
 		cleanupFaulted := run.faults[device.CallMemRelease] || run.faults[device.CallMemUnmap] || run.faults[device.CallMemFree]
-		if m := sim.Mapped(); m != 0 && !cleanupFaulted {
+		if m := sd.Mapped(); m != 0 && !cleanupFaulted {
 			t.Fatalf("New failed with %v and left %d bytes mapped", err, m)
 		}
 		return
@@ -200,9 +201,9 @@ func (run *poolRun) fault(r *reader) {
 		err = device.ErrOutOfMemory
 	}
 	if r.bool() {
-		run.sim.FailRate(c, pick(r, 0.01, 0.1, 0.5), err)
+		run.sd.FailRate(c, pick(r, 0.01, 0.1, 0.5), err)
 	} else {
-		run.sim.FailNth(c, 1+uint64(r.intn(32)), err)
+		run.sd.FailNth(c, 1+uint64(r.intn(32)), err)
 	}
 	run.faulted = true
 	run.faults[c] = true
@@ -262,18 +263,18 @@ func (run *poolRun) step(r *reader, op int) string {
 	case opPPressure:
 		free, _, _ := run.other.MemGetInfo()
 		if r.bool() && run.occupied > 0 {
-			run.sim.Vacate(run.occupied)
+			run.sd.Vacate(run.occupied)
 			run.occupied = 0
 			return "Vacate"
 		}
 		n := free / 256 * uint64(1+r.intn(256)) / 256 * 256
-		if err := run.sim.Occupy(n); err == nil {
+		if err := run.sd.Occupy(n); err == nil {
 			run.occupied += n
 		}
 		return fmt.Sprintf("Occupy(%d)", n)
 	case opPFault:
 		if r.bool() {
-			run.sim.ClearFaults()
+			run.sd.ClearFaults()
 			return "ClearFaults"
 		}
 		run.fault(r)
@@ -281,7 +282,7 @@ func (run *poolRun) step(r *reader, op int) string {
 	case opPHold:
 		s := run.streams[1+r.intn(len(run.streams)-1)]
 		if r.bool() {
-			if err := run.sim.HoldStream(s); err != nil {
+			if err := run.sd.HoldStream(s); err != nil {
 				run.t.Fatal(err)
 			}
 			run.held[s] = true
@@ -382,9 +383,9 @@ func (run *poolRun) fill(name string, b *liveBlock) {
 	b.pat = run.nextPat
 	var err error
 	if b.stream == 0 {
-		err = run.sim.MemsetD32(b.ptr, b.pat, b.extent/4)
+		err = run.sd.MemsetD32(b.ptr, b.pat, b.extent/4)
 	} else {
-		err = run.sim.MemsetD32Async(b.ptr, b.pat, b.extent/4, b.stream)
+		err = run.sd.MemsetD32Async(b.ptr, b.pat, b.extent/4, b.stream)
 	}
 	if err != nil {
 		run.t.Fatalf("%s: block [%#x +%d) cannot be written: %v", name, b.ptr, b.extent, err)
@@ -392,7 +393,7 @@ func (run *poolRun) fill(name string, b *liveBlock) {
 }
 
 func (run *poolRun) release(s device.Stream) {
-	if err := run.sim.ReleaseStream(s); err != nil {
+	if err := run.sd.ReleaseStream(s); err != nil {
 		run.t.Fatal(err)
 	}
 	delete(run.held, s)
@@ -499,9 +500,9 @@ func (run *poolRun) failed(name string, err error, before pool.Stats) {
 // equal it.
 func (run *poolRun) deviceBytes() uint64 {
 	if run.backend == pool.BackendPassthrough {
-		return run.sim.Stats().LinearBytes
+		return run.sd.Stats().LinearBytes
 	}
-	return run.sim.Mapped()
+	return run.sd.Mapped()
 }
 
 func (run *poolRun) check(when string) {
@@ -510,11 +511,11 @@ func (run *poolRun) check(when string) {
 		t.Fatalf("%s: Check: %v", when, err)
 	}
 	if run.checks++; run.checks%8 == 0 { // the Sim's Check is costly
-		if err := run.sim.Check(); err != nil {
+		if err := run.sd.Check(); err != nil {
 			t.Fatalf("%s: Sim Check: %v", when, err)
 		}
 	}
-	if v := run.sim.Violations(); len(v) > 0 {
+	if v := run.sd.Violations(); len(v) > 0 {
 		t.Fatalf("%s: Sim violations: %q", when, v)
 	}
 	st := run.p.Stats()
@@ -552,7 +553,7 @@ func (run *poolRun) verify(when string, b liveBlock) {
 	buf := make([]byte, sample)
 	for _, off := range offs {
 		got := buf[:min(sample, n-off)]
-		if err := run.sim.MemcpyDtoH(got, b.ptr+uintptr(off)); err != nil {
+		if err := run.sd.MemcpyDtoH(got, b.ptr+uintptr(off)); err != nil {
 			run.t.Fatalf("%s: reading live block [%#x +%d) at +%d: %v", when, b.ptr, b.extent, off, err)
 		}
 		for i := 0; i < len(got); i += 4 {
@@ -573,12 +574,12 @@ func (run *poolRun) verifyAll(when string) {
 // pool serves again and returns all memory, and closes it.
 func (run *poolRun) finish() {
 	t, p := run.t, run.p
-	run.sim.ClearFaults()
+	run.sd.ClearFaults()
 	for s := range run.held {
 		run.release(s)
 	}
 	if run.occupied > 0 {
-		run.sim.Vacate(run.occupied)
+		run.sd.Vacate(run.occupied)
 		run.occupied = 0
 	}
 	run.verifyAll("finish")
@@ -616,16 +617,16 @@ func (run *poolRun) finish() {
 	if err := p.Close(); err != nil {
 		t.Fatalf("finish: Close: %v", err)
 	}
-	if m := run.sim.Mapped(); m != 0 {
+	if m := run.sd.Mapped(); m != 0 {
 		t.Fatalf("finish: %d bytes still mapped after Close", m)
 	}
-	if err := run.sim.Check(); err != nil {
+	if err := run.sd.Check(); err != nil {
 		t.Fatalf("finish: Sim Check: %v", err)
 	}
-	if st := run.sim.Stats(); st.Handles != 0 || st.LinearAllocs != 0 || st.Reservations != 0 || st.Events != 0 {
+	if st := run.sd.Stats(); st.Handles != 0 || st.LinearAllocs != 0 || st.Reservations != 0 || st.Events != 0 {
 		t.Fatalf("finish: after Close the Sim holds %+v", st)
 	}
-	if v := run.sim.Violations(); len(v) > 0 {
+	if v := run.sd.Violations(); len(v) > 0 {
 		t.Fatalf("finish: Sim violations: %q", v)
 	}
 	if _, err := p.Alloc(256); !errors.Is(err, pool.ErrClosed) {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/gpumem/tlsf/pool"
 	"github.com/gpumem/tlsf/tlsf"
 )
@@ -48,7 +49,7 @@ type block struct {
 // live blocks of assorted sizes and one freed pointer.
 type fixture struct {
 	t       testing.TB
-	sim     *device.Sim
+	sd      *sim.Device
 	p       *pool.Pool
 	backend pool.Backend
 	live    []block
@@ -60,19 +61,19 @@ type fixture struct {
 
 func newFixture(t testing.TB, be pool.Backend, cacheOff bool, opts pool.Options) *fixture {
 	t.Helper()
-	sim := device.NewSim(device.SimConfig{Capacity: 1 << 30, Shadow: true, Seed: 7})
+	sd := sim.New(sim.Config{Capacity: 1 << 30, Shadow: true, Seed: 7})
 	opts.Backend = be
 	opts.Cache.Disable = cacheOff
-	p, err := pool.New(sim, opts)
+	p, err := pool.New(sd, opts)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	s, err := sim.StreamCreate()
+	s, err := sd.StreamCreate()
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{t: t, sim: sim, p: p, backend: be, stream: s}
-	if f.other, err = pool.New(sim, pool.Options{Backend: be}); err != nil {
+	f := &fixture{t: t, sd: sd, p: p, backend: be, stream: s}
+	if f.other, err = pool.New(sd, pool.Options{Backend: be}); err != nil {
 		t.Fatal(err)
 	}
 	if f.foreign, err = f.other.Alloc(4096); err != nil {
@@ -102,7 +103,7 @@ func newFixture(t testing.TB, be pool.Backend, cacheOff bool, opts pool.Options)
 }
 
 func (f *fixture) add(b block) {
-	if err := f.sim.MemsetD32(b.ptr, b.pat, b.size/4); err != nil {
+	if err := f.sd.MemsetD32(b.ptr, b.pat, b.size/4); err != nil {
 		f.t.Fatalf("filling [%#x +%d): %v", b.ptr, b.size, err)
 	}
 	f.live = append(f.live, b)
@@ -111,11 +112,11 @@ func (f *fixture) add(b block) {
 // deviceBytes is what the Sim holds for the pool: the requested bytes of
 // its linear allocations for a passthrough pool, else what Mapped counts
 // (chunks and unreleased VMM handles).
-func deviceBytes(sim *device.Sim, be pool.Backend) uint64 {
+func deviceBytes(sd *sim.Device, be pool.Backend) uint64 {
 	if be == pool.BackendPassthrough {
-		return sim.Stats().LinearBytes
+		return sd.Stats().LinearBytes
 	}
-	return sim.Mapped()
+	return sd.Mapped()
 }
 
 // check verifies the invariants and samples the live blocks' contents
@@ -126,17 +127,17 @@ func (f *fixture) check(when string) {
 	if err := f.p.Check(); err != nil {
 		t.Fatalf("%s: Check: %v", when, err)
 	}
-	if err := f.sim.Check(); err != nil {
+	if err := f.sd.Check(); err != nil {
 		t.Fatalf("%s: Sim Check: %v", when, err)
 	}
-	if v := f.sim.Violations(); len(v) > 0 {
+	if v := f.sd.Violations(); len(v) > 0 {
 		t.Fatalf("%s: Sim violations: %q", when, v)
 	}
-	if r, d := f.p.Stats().Reserved+f.other.Stats().Reserved, deviceBytes(f.sim, f.backend); r != d {
+	if r, d := f.p.Stats().Reserved+f.other.Stats().Reserved, deviceBytes(f.sd, f.backend); r != d {
 		t.Fatalf("%s: Reserved %d by both pools, the device holds %d for them", when, r, d)
 	}
 	for _, b := range f.live {
-		expectSampled(t, f.sim, b)
+		expectSampled(t, f.sd, b)
 	}
 }
 
@@ -144,16 +145,16 @@ func (f *fixture) checkAll(when string) {
 	f.t.Helper()
 	f.check(when)
 	for _, b := range f.live {
-		expectPattern(f.t, f.sim, when, b)
+		expectPattern(f.t, f.sd, when, b)
 	}
 }
 
 // expectPattern checks that block b holds its pattern throughout.
-func expectPattern(t testing.TB, sim *device.Sim, when string, b block) {
+func expectPattern(t testing.TB, sd *sim.Device, when string, b block) {
 	t.Helper()
 	n := b.size / 4 * 4
 	got := make([]byte, n)
-	if err := sim.MemcpyDtoH(got, b.ptr); err != nil {
+	if err := sd.MemcpyDtoH(got, b.ptr); err != nil {
 		t.Fatalf("%s: reading [%#x +%d): %v", when, b.ptr, b.size, err)
 	}
 	want := bytes.Repeat(binary.LittleEndian.AppendUint32(nil, b.pat), int(n/4))
@@ -327,11 +328,11 @@ func TestEveryOperationAfterCloseIsErrClosed(t *testing.T) {
 				if after := f.p.Stats(); comparable(after) != comparable(before) {
 					t.Fatalf("%s after Close changed the statistics:\nbefore %+v\nafter  %+v", c.name, before, after)
 				}
-				if m := f.sim.Mapped(); m != 0 {
+				if m := f.sd.Mapped(); m != 0 {
 					t.Fatalf("%s after Close: %d bytes mapped", c.name, m)
 				}
 			}
-			if st := f.sim.Stats(); st.Handles != 0 || st.LinearAllocs != 0 || st.Reservations != 0 {
+			if st := f.sd.Stats(); st.Handles != 0 || st.LinearAllocs != 0 || st.Reservations != 0 {
 				t.Fatalf("after Close the device still holds %+v", st)
 			}
 		})
@@ -393,8 +394,8 @@ func TestOptionsOutOfRangeAreRefused(t *testing.T) {
 			// so for it the cap is merely small.
 			o := pool.Options{Backend: cfg.backend, Cache: pool.CacheOptions{Disable: cfg.cacheOff}, InitialFraction: 0.25, MaxBytes: 1 << 20}
 			if cfg.backend == pool.BackendPassthrough {
-				sim := device.NewSim(device.SimConfig{Capacity: 1 << 30})
-				p, err := pool.New(sim, o)
+				sd := sim.New(sim.Config{Capacity: 1 << 30})
+				p, err := pool.New(sd, o)
 				if err != nil {
 					t.Fatalf("passthrough with an initial fraction and a small cap: %v", err)
 				}
@@ -415,15 +416,15 @@ func TestOptionsOutOfRangeAreRefused(t *testing.T) {
 // device.
 func expectRefused(t *testing.T, name string, o pool.Options, want error) {
 	t.Helper()
-	sim := device.NewSim(device.SimConfig{Capacity: 1 << 30})
-	p, err := pool.New(sim, o)
+	sd := sim.New(sim.Config{Capacity: 1 << 30})
+	p, err := pool.New(sd, o)
 	if !errors.Is(err, want) {
 		if p != nil {
 			_ = p.Close()
 		}
 		t.Fatalf("New with %s: got %v, want %v", name, err, want)
 	}
-	if st := sim.Stats(); st.Used != 0 || st.Reservations != 0 || st.Events != 0 {
+	if st := sd.Stats(); st.Used != 0 || st.Reservations != 0 || st.Events != 0 {
 		t.Fatalf("New with %s failed but left %+v", name, st)
 	}
 }
@@ -486,12 +487,12 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 			}
 			// InitialFraction 0 reserves nothing at New; FreeFloorFraction 0
 			// never releases however low the device runs.
-			sim := device.NewSim(device.SimConfig{Capacity: capacity})
-			p, err := pool.New(sim, pool.Options{Backend: cfg.backend, Cache: pool.CacheOptions{Disable: cfg.cacheOff}})
+			sd := sim.New(sim.Config{Capacity: capacity})
+			p, err := pool.New(sd, pool.Options{Backend: cfg.backend, Cache: pool.CacheOptions{Disable: cfg.cacheOff}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st := p.Stats(); st.Reserved != 0 || sim.Mapped() != 0 {
+			if st := p.Stats(); st.Reserved != 0 || sd.Mapped() != 0 {
 				t.Fatalf("InitialFraction 0 reserved %d bytes", st.Reserved)
 			}
 			ptr, err := p.Alloc(64 << 20)
@@ -502,8 +503,8 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 				t.Fatal(err)
 			}
 			held := p.Stats().Reserved
-			free, _, _ := sim.MemGetInfo()
-			if err := sim.Occupy(free - 16<<20); err != nil { // leave a passthrough pool room
+			free, _, _ := sd.MemGetInfo()
+			if err := sd.Occupy(free - 16<<20); err != nil { // leave a passthrough pool room
 				t.Fatal(err)
 			}
 			for range pool.ReleaseCheckInterval + 1 {
@@ -528,9 +529,9 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 // firstRefill returns the statistics after one 4 KiB allocation.
 func firstRefill(t *testing.T, be pool.Backend, capacity uint64, o pool.Options) pool.Stats {
 	t.Helper()
-	sim := device.NewSim(device.SimConfig{Capacity: capacity, Seed: 1})
+	sd := sim.New(sim.Config{Capacity: capacity, Seed: 1})
 	o.Backend = be
-	p, err := pool.New(sim, o)
+	p, err := pool.New(sd, o)
 	if err != nil {
 		t.Fatalf("New(%+v): %v", o, err)
 	}
@@ -545,9 +546,9 @@ func firstRefill(t *testing.T, be pool.Backend, capacity uint64, o pool.Options)
 // and returns its final statistics.
 func workload(t *testing.T, be pool.Backend, cacheOff bool, capacity uint64, o pool.Options) pool.Stats {
 	t.Helper()
-	sim := device.NewSim(device.SimConfig{Capacity: capacity, Seed: 1})
+	sd := sim.New(sim.Config{Capacity: capacity, Seed: 1})
 	o.Backend, o.Cache.Disable = be, cacheOff
-	p, err := pool.New(sim, o)
+	p, err := pool.New(sd, o)
 	if err != nil {
 		t.Fatalf("New(%+v): %v", o, err)
 	}
@@ -591,8 +592,8 @@ func workload(t *testing.T, be pool.Backend, cacheOff bool, capacity uint64, o p
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if sim.Mapped() != 0 {
-		t.Fatalf("Close left %d bytes mapped", sim.Mapped())
+	if sd.Mapped() != 0 {
+		t.Fatalf("Close left %d bytes mapped", sd.Mapped())
 	}
 	return st
 }
@@ -616,9 +617,9 @@ func TestRequestsAtChunkAndClassBoundaries(t *testing.T) {
 	for _, cfg := range configs {
 		t.Run(configName(cfg.backend, cfg.cacheOff), func(t *testing.T) {
 			for _, c := range cases {
-				sim := device.NewSim(device.SimConfig{Capacity: 1 << 30, Shadow: true})
+				sd := sim.New(sim.Config{Capacity: 1 << 30, Shadow: true})
 				// A growth fraction so small that each growth is the need.
-				p, err := pool.New(sim, pool.Options{Backend: cfg.backend, GrowFraction: 1e-12,
+				p, err := pool.New(sd, pool.Options{Backend: cfg.backend, GrowFraction: 1e-12,
 					Cache: pool.CacheOptions{Disable: cfg.cacheOff, MaxSize: 1}})
 				if err != nil {
 					t.Fatal(err)
@@ -628,7 +629,7 @@ func TestRequestsAtChunkAndClassBoundaries(t *testing.T) {
 					t.Fatalf("Alloc(%d): %v", c.size, err)
 				}
 				b := block{ptr: ptr, size: c.size, pat: 0xb0da0000}
-				if err := sim.MemsetD32(b.ptr, b.pat, b.size/4); err != nil {
+				if err := sd.MemsetD32(b.ptr, b.pat, b.size/4); err != nil {
 					t.Fatal(err)
 				}
 				st := p.Stats()
@@ -642,15 +643,15 @@ func TestRequestsAtChunkAndClassBoundaries(t *testing.T) {
 				if err := p.Check(); err != nil {
 					t.Fatal(err)
 				}
-				expectPattern(t, sim, "boundary", b)
+				expectPattern(t, sd, "boundary", b)
 				if err := p.Free(ptr); err != nil {
 					t.Fatal(err)
 				}
 				if _, err := p.Trim(); err != nil {
 					t.Fatal(err)
 				}
-				if st := p.Stats(); st.Reserved != 0 || sim.Mapped() != 0 {
-					t.Fatalf("after freeing %d bytes and Trim: reserved %d, mapped %d", c.size, st.Reserved, sim.Mapped())
+				if st := p.Stats(); st.Reserved != 0 || sd.Mapped() != 0 {
+					t.Fatalf("after freeing %d bytes and Trim: reserved %d, mapped %d", c.size, st.Reserved, sd.Mapped())
 				}
 				if err := p.Close(); err != nil {
 					t.Fatal(err)

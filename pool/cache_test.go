@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/stretchr/testify/require"
 )
 
@@ -41,8 +42,8 @@ func TestManyGoroutinesAllocateAndFreeEachOthersBlocks(t *testing.T) {
 	for _, be := range pooledBackends {
 		for _, cm := range cacheModes {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
-				sim := device.NewSim(device.SimConfig{Capacity: 4 * giB, Shadow: true})
-				d := onSim(sim)
+				sd := sim.New(sim.Config{Capacity: 4 * giB, Shadow: true})
+				d := onSim(sd)
 				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off}})
 
 				// Each worker hands some of its blocks to the next one,
@@ -58,7 +59,7 @@ func TestManyGoroutinesAllocateAndFreeEachOthersBlocks(t *testing.T) {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
-						errs <- churn(p, sim, w, rounds, chans[w], chans[(w+1)%workers], &allocs, &frees)
+						errs <- churn(p, sd, w, rounds, chans[w], chans[(w+1)%workers], &allocs, &frees)
 					}()
 				}
 				wg.Wait()
@@ -69,7 +70,7 @@ func TestManyGoroutinesAllocateAndFreeEachOthersBlocks(t *testing.T) {
 				for _, ch := range chans {
 					close(ch)
 					for b := range ch {
-						expectFilled(t, sim, b.ptr, b.n, b.v)
+						expectFilled(t, sd, b.ptr, b.n, b.v)
 						require.NoError(t, p.Free(b.ptr))
 						frees.Add(1)
 					}
@@ -200,8 +201,8 @@ func TestCachesAreDrainedWhenMemoryRunsOut(t *testing.T) {
 			for _, thirdFrees := range []bool{false, true} {
 				name := be.String() + "/" + cm.name + map[bool]string{false: "/freed by the allocator", true: "/freed by a third goroutine"}[thirdFrees]
 				t.Run(name, func(t *testing.T) {
-					sim := device.NewSim(device.SimConfig{Capacity: giB})
-					d := onSim(sim)
+					sd := sim.New(sim.Config{Capacity: giB})
+					d := onSim(sd)
 					p := openPool(t, d, Options{Backend: be, MaxBytes: 64 * miB, Cache: CacheOptions{Disable: cm.off}})
 					blocks := make(chan uintptr, 8192)
 					inGoroutine(t, func() error {
@@ -236,7 +237,7 @@ func TestCachesAreDrainedWhenMemoryRunsOut(t *testing.T) {
 						return err
 					})
 					require.LessOrEqual(t, p.Stats().Reserved, 64*miB)
-					require.NoError(t, sim.MemsetD32(big, 1, wordCount(48*miB)))
+					require.NoError(t, sd.MemsetD32(big, 1, wordCount(48*miB)))
 					checkStep(t, p, d)
 					require.NoError(t, p.Free(big))
 					checkStep(t, p, d)
@@ -267,8 +268,8 @@ func TestCachedBytesAreCountedApart(t *testing.T) {
 	for _, be := range pooledBackends {
 		for _, cm := range cacheModes {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
-				sim := device.NewSim(device.SimConfig{Capacity: giB})
-				d := onSim(sim)
+				sd := sim.New(sim.Config{Capacity: giB})
+				d := onSim(sd)
 				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off}})
 				var ptrs []uintptr
 				for range 100 {
@@ -313,8 +314,8 @@ func TestCachedBytesAreCountedApart(t *testing.T) {
 func TestCachesHoldAtMostTheirFractionOfReservedMemory(t *testing.T) {
 	for _, be := range pooledBackends {
 		t.Run(be.String(), func(t *testing.T) {
-			sim := device.NewSim(device.SimConfig{Capacity: giB})
-			d := onSim(sim)
+			sd := sim.New(sim.Config{Capacity: giB})
+			d := onSim(sd)
 			// 256 MiB reserved up front, so that 1/16 of it is well above
 			// the least each P may cache.
 			p := openPool(t, d, Options{Backend: be, InitialFraction: 0.25, Cache: CacheOptions{MaxFraction: 1.0 / 16}})
@@ -340,9 +341,9 @@ func TestCachesHoldAtMostTheirFractionOfReservedMemory(t *testing.T) {
 func TestACachedBlockFreedOnAnotherStreamLeavesItsCache(t *testing.T) {
 	for _, be := range pooledBackends {
 		t.Run(be.String(), func(t *testing.T) {
-			sim := device.NewSim(device.SimConfig{Capacity: giB})
-			d := onSim(sim)
-			ss := newStreams(t, sim, 1)
+			sd := sim.New(sim.Config{Capacity: giB})
+			d := onSim(sd)
+			ss := newStreams(t, sd, 1)
 			p := openPool(t, d, Options{Backend: be})
 			x, err := p.Alloc(4 * kiB) // handed out by a cache
 			require.NoError(t, err)
@@ -371,8 +372,8 @@ func TestACachedBlockFreedOnAnotherStreamLeavesItsCache(t *testing.T) {
 func TestCachesStayCorrectWhenGOMAXPROCSGrows(t *testing.T) {
 	old := runtime.GOMAXPROCS(1)
 	defer runtime.GOMAXPROCS(old)
-	sim := device.NewSim(device.SimConfig{Capacity: giB})
-	d := onSim(sim)
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
 	p := openPool(t, d, Options{Backend: BackendVMM})
 	runtime.GOMAXPROCS(8)
 	var wg sync.WaitGroup
@@ -419,10 +420,10 @@ func TestCachesStayCorrectWhenGOMAXPROCSGrows(t *testing.T) {
 // neither record the frees' events nor synchronize) still closes: the
 // blocks go with the heap, and no later call finds memory in a cache.
 func TestCloseWithAFailingDrainLeavesNothingCached(t *testing.T) {
-	sim := device.NewSim(device.SimConfig{Capacity: giB})
-	p, err := New(sim, Options{})
+	sd := sim.New(sim.Config{Capacity: giB})
+	p, err := New(sd, Options{})
 	require.NoError(t, err)
-	s, err := sim.StreamCreate()
+	s, err := sd.StreamCreate()
 	require.NoError(t, err)
 	x, err := p.AllocOn(miB, s) // a second stream: multi-stream mode
 	require.NoError(t, err)
@@ -432,23 +433,23 @@ func TestCloseWithAFailingDrainLeavesNothingCached(t *testing.T) {
 	require.NoError(t, p.Free(ptr))
 	require.NotZero(t, p.Stats().Cached)
 
-	sim.FailRate(device.CallEventRecord, 1, nil)
-	sim.FailRate(device.CallStreamSynchronize, 1, nil)
+	sd.FailRate(device.CallEventRecord, 1, nil)
+	sd.FailRate(device.CallStreamSynchronize, 1, nil)
 	require.Error(t, p.Close(), "the drain's failures are reported")
-	sim.ClearFaults()
+	sd.ClearFaults()
 
 	_, err = p.Alloc(4 * kiB)
 	require.ErrorIs(t, err, ErrClosed)
 	require.ErrorIs(t, p.Free(ptr), ErrClosed)
 	require.ErrorIs(t, p.Close(), ErrClosed)
-	require.NoError(t, sim.StreamDestroy(s))
+	require.NoError(t, sd.StreamDestroy(s))
 }
 
 // A block allocated on one goroutine's P and freed on another's goes to
 // the freeing P's cache, which serves it again without the pool's lock.
 func TestAFreeOnAnotherPIsAdopted(t *testing.T) {
-	sim := device.NewSim(device.SimConfig{Capacity: giB})
-	p := openPool(t, onSim(sim), Options{})
+	sd := sim.New(sim.Config{Capacity: giB})
+	p := openPool(t, onSim(sd), Options{})
 	const n = 64
 	ptrs := make(chan uintptr, n)
 	go func() {
@@ -464,7 +465,7 @@ func TestAFreeOnAnotherPIsAdopted(t *testing.T) {
 	for ptr := range ptrs {
 		require.NoError(t, p.Free(ptr))
 	}
-	checkStep(t, p, onSim(sim))
+	checkStep(t, p, onSim(sd))
 	st := p.Stats()
 	require.Zero(t, st.Allocations)
 	require.Equal(t, uint64(n), st.Frees)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/gpumem/tlsf/pool"
 	"github.com/gpumem/tlsf/tlsf"
 )
@@ -20,7 +21,7 @@ import (
 //
 //   - no panic, and p.Check passes;
 //   - no byte of accounting is lost: Stats.Reserved equals what the
-//     device holds for the pool (Sim.Mapped; a passthrough pool's linear
+//     device holds for the pool (sim.Device.Mapped; a passthrough pool's linear
 //     bytes), and Allocated and Allocations equal the live blocks;
 //   - a failed call returns ErrOutOfMemory or the driver's error, and
 //     leaves every live block live;
@@ -97,9 +98,9 @@ func TestFaultCampaigns(t *testing.T) {
 				t.Run(fmt.Sprintf("%v/%v/%v/%s", be, c, rate, cacheName(cacheOff)), func(t *testing.T) {
 					seed := uint64(1000*int(be) + 10*int(c) + j)
 					cp := newCampaign(t, be, cacheOff, seed, nil)
-					cp.sim.FailRate(c, rate, faultFor(c))
+					cp.sd.FailRate(c, rate, faultFor(c))
 					cp.run(campaignOps())
-					calls := cp.sim.Counts()[c]
+					calls := cp.sd.Counts()[c]
 					cp.recover()
 					if calls == 0 {
 						if campaignOps() < 2000 {
@@ -131,11 +132,11 @@ func TestFreeMemoryShrinksBetweenQueryAndAllocation(t *testing.T) {
 				// A passthrough pool asks for the free memory only to apply a
 				// cap: give it one.
 				cp := newCampaign(t, be, cacheOff, 77+uint64(be), func(o *pool.Options) { o.MaxFraction = 0.95 })
-				other := cp.sim.NewProcess()
+				other := cp.sd.NewProcess()
 				var taken []uintptr
 				queried, thefts := false, 0
 				rng := rand.New(rand.NewPCG(5, uint64(be)))
-				cp.sim.SetHook(func(c device.Call) {
+				cp.sd.SetHook(func(c device.Call) {
 					switch c {
 					case device.CallMemGetInfo:
 						queried = true
@@ -166,7 +167,7 @@ func TestFreeMemoryShrinksBetweenQueryAndAllocation(t *testing.T) {
 					}
 				}
 				cp.run(campaignOps())
-				cp.sim.SetHook(nil)
+				cp.sd.SetHook(nil)
 				for _, ptr := range taken {
 					if err := other.MemFree(ptr); err != nil {
 						t.Fatal(err)
@@ -185,21 +186,21 @@ func TestFreeMemoryShrinksBetweenQueryAndAllocation(t *testing.T) {
 // nothing behind; Close reports the failure and the pool is closed.
 func TestFaultsAtNewAndClose(t *testing.T) {
 	t.Run("AddressReserve fails at New", func(t *testing.T) {
-		sim := device.NewSim(device.SimConfig{Capacity: 1 << 30})
-		sim.FailNth(device.CallAddressReserve, 1, device.ErrOutOfMemory)
-		if _, err := pool.New(sim, pool.Options{Backend: pool.BackendVMM}); !errors.Is(err, device.ErrOutOfMemory) {
+		sd := sim.New(sim.Config{Capacity: 1 << 30})
+		sd.FailNth(device.CallAddressReserve, 1, device.ErrOutOfMemory)
+		if _, err := pool.New(sd, pool.Options{Backend: pool.BackendVMM}); !errors.Is(err, device.ErrOutOfMemory) {
 			t.Fatalf("New: %v", err)
 		}
-		if st := sim.Stats(); st.Used != 0 || st.Reservations != 0 {
+		if st := sd.Stats(); st.Used != 0 || st.Reservations != 0 {
 			t.Fatalf("a failed New left %+v", st)
 		}
 	})
 	for _, be := range []pool.Backend{pool.BackendVMM, pool.BackendChunks} {
 		for _, c := range []device.Call{device.CallMemCreate, device.CallMemMap, device.CallMemSetAccess, device.CallMemAlloc, device.CallMemGetInfo} {
 			t.Run(fmt.Sprintf("%v fails at New's initial reserve on %v", c, be), func(t *testing.T) {
-				sim := device.NewSim(device.SimConfig{Capacity: 1 << 30})
-				sim.FailNth(c, 2, faultFor(c))
-				p, err := pool.New(sim, pool.Options{Backend: be, InitialFraction: 0.25})
+				sd := sim.New(sim.Config{Capacity: 1 << 30})
+				sd.FailNth(c, 2, faultFor(c))
+				p, err := pool.New(sd, pool.Options{Backend: be, InitialFraction: 0.25})
 				if p != nil {
 					// The fault missed this backend's initial reserve.
 					if err := p.Close(); err != nil {
@@ -208,7 +209,7 @@ func TestFaultsAtNewAndClose(t *testing.T) {
 				} else if !errors.Is(err, faultFor(c)) {
 					t.Fatalf("New: %v", err)
 				}
-				if st := sim.Stats(); st.Used != 0 || st.Reservations != 0 {
+				if st := sd.Stats(); st.Used != 0 || st.Reservations != 0 {
 					t.Fatalf("after a failed New the device holds %+v", st)
 				}
 			})
@@ -219,10 +220,10 @@ func TestFaultsAtNewAndClose(t *testing.T) {
 		t.Run(fmt.Sprintf("%v fails at Close", c), func(t *testing.T) {
 			cp := newCampaign(t, pool.BackendVMM, true, 3, nil)
 			cp.run(200)
-			cp.sim.FailNth(c, 1, nil)
+			cp.sd.FailNth(c, 1, nil)
 			err := cp.p.Close()
-			st := cp.sim.Stats()
-			clean := cp.sim.Mapped() == 0 && st.Handles == 0 && st.LinearAllocs == 0 && st.Reservations == 0 && st.Events == 0
+			st := cp.sd.Stats()
+			clean := cp.sd.Mapped() == 0 && st.Handles == 0 && st.LinearAllocs == 0 && st.Reservations == 0 && st.Events == 0
 			if err == nil && !clean || err != nil && !errors.Is(err, device.ErrInjected) {
 				t.Fatalf("Close with a failing %v: %v; the device holds %+v", c, err, st)
 			}
@@ -239,7 +240,7 @@ func TestFaultsAtNewAndClose(t *testing.T) {
 // campaign drives random operations on one pool and checks it.
 type campaign struct {
 	t       *testing.T
-	sim     *device.Sim
+	sd      *sim.Device
 	p       *pool.Pool
 	backend pool.Backend
 	sizes   *tlsf.Index // the pool's size classes (64 lists)
@@ -259,7 +260,7 @@ type campaignBlock struct {
 
 func newCampaign(t *testing.T, be pool.Backend, cacheOff bool, seed uint64, tune func(*pool.Options)) *campaign {
 	t.Helper()
-	sim := device.NewSim(device.SimConfig{Capacity: 256 << 20, Shadow: true, Seed: seed})
+	sd := sim.New(sim.Config{Capacity: 256 << 20, Shadow: true, Seed: seed})
 	o := pool.Options{
 		Backend:         be,
 		GrowFraction:    1.0 / 64, // 4 MiB growths: many of them
@@ -269,7 +270,7 @@ func newCampaign(t *testing.T, be pool.Backend, cacheOff bool, seed uint64, tune
 	if tune != nil {
 		tune(&o)
 	}
-	p, err := pool.New(sim, o)
+	p, err := pool.New(sd, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,9 +278,9 @@ func newCampaign(t *testing.T, be pool.Backend, cacheOff bool, seed uint64, tune
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp := &campaign{t: t, sim: sim, p: p, backend: be, sizes: sizes, rng: rand.New(rand.NewPCG(seed, 99)), streams: []device.Stream{0}, nextPat: 0xca000000}
+	cp := &campaign{t: t, sd: sd, p: p, backend: be, sizes: sizes, rng: rand.New(rand.NewPCG(seed, 99)), streams: []device.Stream{0}, nextPat: 0xca000000}
 	for range 2 {
-		s, err := sim.StreamCreate()
+		s, err := sd.StreamCreate()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -374,9 +375,9 @@ func (cp *campaign) placed(b campaignBlock) {
 	b.pat = cp.nextPat
 	var err error
 	if b.stream == 0 {
-		err = cp.sim.MemsetD32(b.ptr, b.pat, b.size/4)
+		err = cp.sd.MemsetD32(b.ptr, b.pat, b.size/4)
 	} else {
-		err = cp.sim.MemsetD32Async(b.ptr, b.pat, b.size/4, b.stream)
+		err = cp.sd.MemsetD32Async(b.ptr, b.pat, b.size/4, b.stream)
 	}
 	if err != nil {
 		t.Fatalf("new block [%#x +%d) cannot be written: %v", b.ptr, b.size, err)
@@ -386,7 +387,7 @@ func (cp *campaign) placed(b campaignBlock) {
 
 func (cp *campaign) free(i int) {
 	b := cp.live[i]
-	expectSampled(cp.t, cp.sim, b.block)
+	expectSampled(cp.t, cp.sd, b.block)
 	if err := cp.p.FreeOn(b.ptr, b.stream); err != nil {
 		cp.failed(fmt.Sprintf("FreeOn(%#x)", b.ptr), err) // still live: freed again later
 		return
@@ -411,7 +412,7 @@ func (cp *campaign) check(step int) {
 		t.Fatalf("step %d: Check: %v", step, err)
 	}
 	st := cp.p.Stats()
-	if d := deviceBytes(cp.sim, cp.backend); st.Reserved != d {
+	if d := deviceBytes(cp.sd, cp.backend); st.Reserved != d {
 		t.Fatalf("step %d: Reserved %d, the device holds %d for the pool", step, st.Reserved, d)
 	}
 	var allocated uint64
@@ -421,7 +422,7 @@ func (cp *campaign) check(step int) {
 	if st.Allocated != allocated || st.Allocations != int64(len(cp.live)) {
 		t.Fatalf("step %d: Allocated %d in %d; live blocks hold %d in %d", step, st.Allocated, st.Allocations, allocated, len(cp.live))
 	}
-	if v := cp.sim.Violations(); len(v) > 0 {
+	if v := cp.sd.Violations(); len(v) > 0 {
 		t.Fatalf("step %d: Sim violations: %q", step, v)
 	}
 }
@@ -430,10 +431,10 @@ func (cp *campaign) check(step int) {
 // gives everything back.
 func (cp *campaign) recover() {
 	t, p := cp.t, cp.p
-	cp.sim.ClearFaults()
+	cp.sd.ClearFaults()
 	for len(cp.live) > 0 {
 		b := cp.live[0]
-		expectSampled(t, cp.sim, b.block)
+		expectSampled(t, cp.sd, b.block)
 		if err := p.FreeOn(b.ptr, b.stream); err != nil {
 			t.Fatalf("free of a live block once faults stopped: %v", err)
 		}
@@ -451,7 +452,7 @@ func (cp *campaign) recover() {
 	}
 	cp.check(-2)
 	for _, b := range cp.live {
-		expectSampled(t, cp.sim, b.block)
+		expectSampled(t, cp.sd, b.block)
 		if err := p.Free(b.ptr); err != nil {
 			t.Fatalf("Free once faults stopped: %v", err)
 		}
@@ -467,20 +468,20 @@ func (cp *campaign) recover() {
 	if err := p.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if st := cp.sim.Stats(); cp.sim.Mapped() != 0 || st.Handles != 0 || st.LinearAllocs != 0 || st.Reservations != 0 || st.Events != 0 {
+	if st := cp.sd.Stats(); cp.sd.Mapped() != 0 || st.Handles != 0 || st.LinearAllocs != 0 || st.Reservations != 0 || st.Events != 0 {
 		t.Fatalf("after Close the device holds %+v", st)
 	}
-	if v := cp.sim.Violations(); len(v) > 0 {
+	if v := cp.sd.Violations(); len(v) > 0 {
 		t.Fatalf("Sim violations: %q", v)
 	}
-	if err := cp.sim.Check(); err != nil {
+	if err := cp.sd.Check(); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // expectSampled checks block b's pattern at its ends and at eight points
 // between: cheaper than expectPattern for blocks of many MiB.
-func expectSampled(t testing.TB, sim *device.Sim, b block) {
+func expectSampled(t testing.TB, sd *sim.Device, b block) {
 	t.Helper()
 	n := b.size / 4 * 4
 	if n == 0 {
@@ -489,6 +490,6 @@ func expectSampled(t testing.TB, sim *device.Sim, b block) {
 	const sample = 64
 	for k := uint64(0); k <= 8; k++ {
 		off := min(n*k/8&^3, n-min(n, sample))
-		expectPattern(t, sim, "sample", block{ptr: b.ptr + uintptr(off), size: min(sample, n-off), pat: b.pat})
+		expectPattern(t, sd, "sample", block{ptr: b.ptr + uintptr(off), size: min(sample, n-off), pat: b.pat})
 	}
 }

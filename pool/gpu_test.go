@@ -9,12 +9,13 @@ package pool
 import (
 	"testing"
 
-	"github.com/gpumem/tlsf/internal/gputest"
+	"github.com/gpumem/tlsf/device/cuda"
+	"github.com/gpumem/tlsf/device/devicetest"
 	"github.com/stretchr/testify/require"
 )
 
 func TestGPU(t *testing.T) {
-	dev := gputest.Open(t, 0)
+	dev := openGPU(t)
 	backends := []Backend{BackendChunks, BackendPassthrough}
 	if dev.VMMSupported() {
 		backends = append([]Backend{BackendVMM}, backends...)
@@ -24,7 +25,7 @@ func TestGPU(t *testing.T) {
 }
 
 func TestGPUNewCUDAOwnsItsDevice(t *testing.T) {
-	gputest.Open(t, 0) // skips without a GPU
+	openGPU(t) // skips without a GPU
 	p, err := NewCUDA(0, Options{})
 	require.NoError(t, err)
 	ptr, err := p.Alloc(3 * miB)
@@ -35,4 +36,10 @@ func TestGPUNewCUDAOwnsItsDevice(t *testing.T) {
 	require.NoError(t, p.Check())
 	require.NoError(t, p.Close(), "Close also releases the device")
 	require.ErrorIs(t, p.Close(), ErrClosed)
+}
+
+// openGPU opens device 0 for t, or skips t where there is none (fails it
+// with TLSF_REQUIRE_GPU=1).
+func openGPU(t *testing.T) *cuda.Device {
+	return devicetest.OpenGPU(t, func() (*cuda.Device, error) { return cuda.Open(0) })
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/gpumem/tlsf/tlsf"
 	"github.com/stretchr/testify/require"
 )
@@ -36,18 +37,18 @@ var (
 // checks only a simulation can make (memory held, violations, holds).
 type testDevice struct {
 	device.Device
-	sim *device.Sim
+	sd *sim.Device
 }
 
 // deviceFactory gives each test a device.
 type deviceFactory func(t *testing.T) testDevice
 
 // simDevices makes a fresh simulated GPU per test.
-func simDevices(cfg device.SimConfig) deviceFactory {
-	return func(*testing.T) testDevice { return onSim(device.NewSim(cfg)) }
+func simDevices(cfg sim.Config) deviceFactory {
+	return func(*testing.T) testDevice { return onSim(sim.New(cfg)) }
 }
 
-func onSim(sim *device.Sim) testDevice { return testDevice{Device: sim, sim: sim} }
+func onSim(sd *sim.Device) testDevice { return testDevice{Device: sd, sd: sd} }
 
 // tester is what the helpers need of a test: *testing.T and *rapid.T
 // both have it.
@@ -69,14 +70,14 @@ func openPool(t tester, d testDevice, o Options) *Pool {
 		if err := p.Close(); err != nil && !errors.Is(err, ErrClosed) {
 			t.Errorf("Close: %v", err)
 		}
-		if d.sim != nil {
-			if n := d.sim.Mapped(); n != 0 {
+		if d.sd != nil {
+			if n := d.sd.Mapped(); n != 0 {
 				t.Errorf("%d bytes of device memory still held after Close", n)
 			}
-			if err := d.sim.Check(); err != nil {
+			if err := d.sd.Check(); err != nil {
 				t.Errorf("sim.Check after Close: %v", err)
 			}
-			if v := d.sim.Violations(); len(v) > 0 {
+			if v := d.sd.Violations(); len(v) > 0 {
 				t.Errorf("device misuse: %q", v)
 			}
 		}
@@ -90,25 +91,25 @@ func openPool(t tester, d testDevice, o Options) *Pool {
 func checkStep(t tester, p *Pool, d testDevice) {
 	t.Helper()
 	require.NoError(t, p.Check())
-	if d.sim == nil {
+	if d.sd == nil {
 		return
 	}
-	require.NoError(t, d.sim.Check())
-	require.Empty(t, d.sim.Violations())
-	requireReservedIsHeld(t, p, d.sim)
+	require.NoError(t, d.sd.Check())
+	require.Empty(t, d.sd.Violations())
+	requireReservedIsHeld(t, p, d.sd)
 }
 
 // requireReservedIsHeld: Stats().Reserved is exactly the device memory the
 // pool's process holds. A passthrough pool's are its requested sizes (the
 // Sim charges linear allocations in 512-byte units).
-func requireReservedIsHeld(t tester, p *Pool, sim *device.Sim) {
+func requireReservedIsHeld(t tester, p *Pool, sd *sim.Device) {
 	t.Helper()
 	res := p.Stats().Reserved
 	if p.Backend() == BackendPassthrough {
-		require.Equal(t, sim.Stats().LinearBytes, res, "Reserved vs the driver allocations held")
+		require.Equal(t, sd.Stats().LinearBytes, res, "Reserved vs the driver allocations held")
 		return
 	}
-	require.Equal(t, sim.Mapped(), res, "Reserved vs the device memory held")
+	require.Equal(t, sd.Mapped(), res, "Reserved vs the device memory held")
 }
 
 // refIndex sizes blocks as the pool's index does (256-byte granularity, 64

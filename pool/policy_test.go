@@ -4,7 +4,7 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/stretchr/testify/require"
 )
 
@@ -176,8 +176,8 @@ func TestGrowthAndReleaseFollowThePolicy(t *testing.T) {
 	for _, tc := range policyCases {
 		for _, be := range pooledBackends {
 			t.Run(be.String()+"/"+tc.name, func(t *testing.T) {
-				sim := device.NewSim(device.SimConfig{Capacity: giB})
-				d := onSim(sim)
+				sd := sim.New(sim.Config{Capacity: giB})
+				d := onSim(sd)
 				o := tc.opts
 				o.Backend = be
 				p := openPool(t, d, o)
@@ -195,7 +195,7 @@ func TestGrowthAndReleaseFollowThePolicy(t *testing.T) {
 						} else {
 							require.NoError(t, err, "step %d", i)
 							// The block is mapped and accessible throughout.
-							require.NoError(t, sim.MemsetD32(ptr, uint32(i), wordCount(st.alloc)), "step %d", i)
+							require.NoError(t, sd.MemsetD32(ptr, uint32(i), wordCount(st.alloc)), "step %d", i)
 							ptrs[i] = ptr
 						}
 					case st.free > 0:
@@ -216,7 +216,7 @@ func TestGrowthAndReleaseFollowThePolicy(t *testing.T) {
 					if want.releases >= 0 {
 						require.Equal(t, uint64(want.releases), s.Releases, "step %d: Releases", i)
 					}
-					require.Equal(t, s.Reserved, sim.Mapped(), "step %d: Reserved vs the device", i)
+					require.Equal(t, s.Reserved, sd.Mapped(), "step %d: Reserved vs the device", i)
 					require.LessOrEqual(t, s.Reserved, s.ReservedPeak)
 					checkStep(t, p, d)
 				}
@@ -228,14 +228,14 @@ func TestGrowthAndReleaseFollowThePolicy(t *testing.T) {
 func TestInitialFractionIsReservedAtNew(t *testing.T) {
 	for _, be := range pooledBackends {
 		t.Run(be.String(), func(t *testing.T) {
-			sim := device.NewSim(device.SimConfig{Capacity: giB})
-			d := onSim(sim)
+			sd := sim.New(sim.Config{Capacity: giB})
+			d := onSim(sd)
 			// 0.3 × 1 GiB, rounded down to 2 MiB granules.
 			p := openPool(t, d, Options{Backend: be, InitialFraction: 0.3})
 			s := p.Stats()
 			require.Equal(t, 306*miB, s.Reserved)
 			require.Equal(t, uint64(1), s.Grows)
-			require.Equal(t, 306*miB, sim.Mapped())
+			require.Equal(t, 306*miB, sd.Mapped())
 			checkStep(t, p, d)
 		})
 	}
@@ -245,8 +245,8 @@ func TestFreeFloorReturnsUnusedMemoryWhenTheDeviceRunsLow(t *testing.T) {
 	for _, be := range pooledBackends {
 		for _, low := range []bool{false, true} {
 			t.Run(be.String()+map[bool]string{false: "/device has room", true: "/device runs low"}[low], func(t *testing.T) {
-				sim := device.NewSim(device.SimConfig{Capacity: giB})
-				d := onSim(sim)
+				sd := sim.New(sim.Config{Capacity: giB})
+				d := onSim(sd)
 				p := openPool(t, d, Options{Backend: be, FreeFloorFraction: 0.5, Cache: CacheOptions{Disable: true}})
 				// The floor is checked once every ReleaseCheckInterval
 				// frees that take the lock (all of them, caches off).
@@ -261,8 +261,8 @@ func TestFreeFloorReturnsUnusedMemoryWhenTheDeviceRunsLow(t *testing.T) {
 				if low {
 					// Another process takes memory: free falls to
 					// 1 GiB − 256 MiB − 300 MiB, below half the GPU.
-					require.NoError(t, sim.Occupy(300*miB))
-					defer sim.Vacate(300 * miB)
+					require.NoError(t, sd.Occupy(300*miB))
+					defer sd.Vacate(300 * miB)
 				}
 				for i, ptr := range ptrs[:len(ptrs)-1] {
 					require.NoError(t, p.Free(ptr))
@@ -299,8 +299,8 @@ func TestACapMetOnlyAfterReleasingCachedMemory(t *testing.T) {
 	for _, be := range pooledBackends {
 		for _, cacheOff := range []bool{false, true} {
 			t.Run(configName(be, cacheOff), func(t *testing.T) {
-				sim := device.NewSim(device.SimConfig{Capacity: giB})
-				d := onSim(sim)
+				sd := sim.New(sim.Config{Capacity: giB})
+				d := onSim(sd)
 				p := openPool(t, d, Options{
 					Backend: be, MaxBytes: 64 * miB,
 					// No release at growth: only the out-of-memory path
@@ -351,7 +351,7 @@ func TestACapMetOnlyAfterReleasingCachedMemory(t *testing.T) {
 					require.Zero(t, s.Cached, "the out-of-memory path drains the caches")
 					require.Greater(t, s.Releases, before.Releases)
 				}
-				require.NoError(t, sim.MemsetD32(big, 7, wordCount(48*miB)))
+				require.NoError(t, sd.MemsetD32(big, 7, wordCount(48*miB)))
 				checkStep(t, p, d)
 				require.NoError(t, p.Free(big))
 				checkStep(t, p, d)
@@ -362,8 +362,8 @@ func TestACapMetOnlyAfterReleasingCachedMemory(t *testing.T) {
 
 // A VMM pool's virtual range bounds its largest block.
 func TestARequestAboveTheVirtualRangeIsTooLarge(t *testing.T) {
-	sim := device.NewSim(device.SimConfig{Capacity: giB})
-	d := onSim(sim)
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
 	p := openPool(t, d, Options{Backend: BackendVMM, VirtualSize: 256 * miB})
 	before := p.Stats()
 	_, err := p.Alloc(300 * miB)
@@ -381,8 +381,8 @@ func TestARequestAboveTheVirtualRangeIsTooLarge(t *testing.T) {
 // allocates another: memory returned to the driver, which Stats count as
 // a release.
 func TestAChunkFreedToMakeRoomCountsAsARelease(t *testing.T) {
-	sim := device.NewSim(device.SimConfig{Capacity: giB})
-	d := onSim(sim)
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
 	p := openPool(t, d, Options{Backend: BackendChunks, ReleaseFraction: 0.03})
 	a, err := p.Alloc(64 * miB)
 	require.NoError(t, err)
@@ -405,8 +405,8 @@ func TestAChunkFreedToMakeRoomCountsAsARelease(t *testing.T) {
 // range by what the tail lacks (within the cap), then finds the released
 // tail pages cannot be backed under the cap and fails: the growth stays.
 func TestARefusedRequestMapsNothing(t *testing.T) {
-	sim := device.NewSim(device.SimConfig{Capacity: giB})
-	d := onSim(sim)
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
 	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 64 * miB})
 	a, err := p.Alloc(32 * miB)
 	require.NoError(t, err)

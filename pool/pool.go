@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/cuda"
 	"github.com/gpumem/tlsf/tlsf"
 )
 
@@ -143,11 +144,11 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 }
 
 // NewCUDA makes a pool on GPU ordinal (0 for the first) through the CUDA
-// driver (device.CUDA); Close also releases the device's context.
-// Errors: those of device.CUDA (device.ErrNoDriver where no driver is
+// driver (cuda.Open); Close also releases the device's context.
+// Errors: those of cuda.Open (device.ErrNoDriver where no driver is
 // found) and of New.
 func NewCUDA(ordinal int, opts Options) (*Pool, error) {
-	dev, err := device.CUDA(ordinal)
+	dev, err := cuda.Open(ordinal)
 	if err != nil {
 		return nil, err
 	}
@@ -186,12 +187,12 @@ func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 			return ptr, nil
 		}
 	}
-	return p.allocSlow(size, s, cached)
+	return p.lockedAlloc(size, s, cached)
 }
 
-// allocSlow is AllocOn's path under the lock, apart so that the fast path
-// stays small.
-func (p *Pool) allocSlow(size uint64, s device.Stream, cached bool) (uintptr, error) {
+// lockedAlloc is AllocOn's entry under the lock (a cache refill or the
+// index), apart so that the fast path stays small.
+func (p *Pool) lockedAlloc(size uint64, s device.Stream, cached bool) (uintptr, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if cached {
@@ -286,7 +287,7 @@ func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool
 	if err == nil {
 		return b, false, nil
 	}
-	b, err = p.slowAlloc(size, align)
+	b, err = p.allocMiss(size, align)
 	return b, false, err
 }
 
@@ -330,9 +331,10 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 	return b, nil
 }
 
-// slowAlloc runs when the index has no block: reclaim completed
-// stream-ordered frees, grow, and then the out-of-memory path.
-func (p *Pool) slowAlloc(size, align uint64) (tlsf.Block, error) {
+// allocMiss runs when the index has no block (the locked path missed):
+// reclaim completed stream-ordered frees, grow, and then the
+// out-of-memory path.
+func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
 	if p.ss.multi {
 		_ = p.pollPending(false)
 		if b, err := p.search(size, align); err == nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/stretchr/testify/require"
 )
 
@@ -25,7 +26,7 @@ func TestAllocPitchGivesTheH200Pitches(t *testing.T) {
 	}
 	for _, be := range allBackends {
 		t.Run(be.String(), func(t *testing.T) {
-			d := onSim(device.NewSim(device.SimConfig{Capacity: giB}))
+			d := onSim(sim.New(sim.Config{Capacity: giB}))
 			p := openPool(t, d, Options{Backend: be})
 			for _, tc := range cases {
 				before := p.Stats()
@@ -110,11 +111,11 @@ func TestPassthroughAndPooledAgreeOnSizesAndStatistics(t *testing.T) {
 	for _, be := range pooledBackends {
 		for _, cacheOff := range []bool{true, false} {
 			t.Run(configName(be, cacheOff), func(t *testing.T) {
-				dp := onSim(device.NewSim(device.SimConfig{Capacity: 4 * giB}))
+				dp := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
 				pt := openPool(t, dp, Options{Backend: BackendPassthrough})
 				ptPitches, ptStats := runParity(t, dp, pt, ops)
 
-				d := onSim(device.NewSim(device.SimConfig{Capacity: 4 * giB}))
+				d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
 				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff}})
 				pitches, stats := runParity(t, d, p, ops)
 
@@ -158,8 +159,8 @@ func TestPassthroughIsChosenByOptionOrEnvironment(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv(PassthroughEnv, tc.env)
-			sim := device.NewSim(device.SimConfig{Capacity: giB})
-			d := onSim(sim)
+			sd := sim.New(sim.Config{Capacity: giB})
+			d := onSim(sd)
 			p := openPool(t, d, tc.opts)
 			require.Equal(t, tc.want, p.Backend())
 			require.Equal(t, tc.want, p.Stats().Backend)
@@ -167,19 +168,19 @@ func TestPassthroughIsChosenByOptionOrEnvironment(t *testing.T) {
 				return
 			}
 			// Every request is a driver call of its own.
-			before := sim.Counts()
+			before := sd.Counts()
 			a, err := p.Alloc(100)
 			require.NoError(t, err)
 			b, _, err := p.AllocPitch(100, 3)
 			require.NoError(t, err)
-			after := sim.Counts()
+			after := sd.Counts()
 			require.Equal(t, before[device.CallMemAlloc]+1, after[device.CallMemAlloc])
 			require.Equal(t, before[device.CallMemAllocPitch]+1, after[device.CallMemAllocPitch])
-			require.Equal(t, 2, sim.Stats().LinearAllocs)
+			require.Equal(t, 2, sd.Stats().LinearAllocs)
 			require.NoError(t, p.Free(a))
 			require.NoError(t, p.Free(b))
-			require.Equal(t, after[device.CallMemFree]+2, sim.Counts()[device.CallMemFree])
-			require.Zero(t, sim.Mapped())
+			require.Equal(t, after[device.CallMemFree]+2, sd.Counts()[device.CallMemFree])
+			require.Zero(t, sd.Mapped())
 			checkStep(t, p, d)
 		})
 	}
@@ -188,7 +189,7 @@ func TestPassthroughIsChosenByOptionOrEnvironment(t *testing.T) {
 func TestProcessesSharingAGPUEachGetTheirFraction(t *testing.T) {
 	for _, be := range allBackends {
 		t.Run(be.String(), func(t *testing.T) {
-			sim1 := device.NewSim(device.SimConfig{Capacity: giB})
+			sim1 := sim.New(sim.Config{Capacity: giB})
 			sim2 := sim1.NewProcess()
 			d1, d2 := onSim(sim1), onSim(sim2)
 			p1 := openPool(t, d1, Options{Backend: be, MaxFraction: 0.5})
@@ -239,7 +240,7 @@ func TestProcessesSharingAGPUEachGetTheirFraction(t *testing.T) {
 func TestAGPUTakenByAnotherProcessGivesTheDriversOutOfMemory(t *testing.T) {
 	for _, be := range allBackends {
 		t.Run(be.String(), func(t *testing.T) {
-			sim1 := device.NewSim(device.SimConfig{Capacity: giB})
+			sim1 := sim.New(sim.Config{Capacity: giB})
 			sim2 := sim1.NewProcess()
 			d2 := onSim(sim2)
 			p2 := openPool(t, d2, Options{Backend: be})
@@ -262,9 +263,9 @@ func TestCloseReturnsEverythingAndLaterCallsFailWithErrClosed(t *testing.T) {
 	for _, be := range allBackends {
 		for _, cacheOff := range []bool{false, true} {
 			t.Run(configName(be, cacheOff), func(t *testing.T) {
-				sim := device.NewSim(device.SimConfig{Capacity: giB})
-				d := onSim(sim)
-				ss := newStreams(t, sim, 2)
+				sd := sim.New(sim.Config{Capacity: giB})
+				d := onSim(sd)
+				ss := newStreams(t, sd, 2)
 				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff}})
 				// Live blocks of every kind, cached ones, and frees
 				// pending on a held stream.
@@ -287,16 +288,16 @@ func TestCloseReturnsEverythingAndLaterCallsFailWithErrClosed(t *testing.T) {
 				onB, err := p.AllocOn(2*miB, ss[1])
 				require.NoError(t, err)
 				live = append(live, onB)
-				require.NoError(t, sim.HoldStream(ss[0]))
-				require.NoError(t, sim.MemsetD32Async(pend, 1, wordCount(2*miB), ss[0]))
+				require.NoError(t, sd.HoldStream(ss[0]))
+				require.NoError(t, sd.MemsetD32Async(pend, 1, wordCount(2*miB), ss[0]))
 				require.NoError(t, p.FreeOn(pend, ss[0]))
 				checkStep(t, p, d)
 
 				require.NoError(t, p.Close())
-				require.Zero(t, sim.Mapped(), "Close returns live memory too")
-				require.Empty(t, sim.Violations(), "Close waits for pending frees before unmapping")
-				require.NoError(t, sim.Check())
-				require.Zero(t, sim.Stats().Events, "Close destroys its events")
+				require.Zero(t, sd.Mapped(), "Close returns live memory too")
+				require.Empty(t, sd.Violations(), "Close waits for pending frees before unmapping")
+				require.NoError(t, sd.Check())
+				require.Zero(t, sd.Stats().Events, "Close destroys its events")
 
 				require.ErrorIs(t, p.Close(), ErrClosed)
 				require.ErrorIs(t, p.Check(), ErrClosed)
@@ -315,21 +316,21 @@ func TestCloseReturnsEverythingAndLaterCallsFailWithErrClosed(t *testing.T) {
 				for name, call := range calls {
 					require.ErrorIs(t, call(), ErrClosed, name)
 				}
-				require.Zero(t, sim.Mapped())
+				require.Zero(t, sd.Mapped())
 			})
 		}
 	}
 }
 
 func TestNewWithAnInitialReserveBeyondTheCapIsRefused(t *testing.T) {
-	sim := device.NewSim(device.SimConfig{Capacity: giB})
-	_, err := New(sim, Options{InitialFraction: 0.5, MaxBytes: 64 * miB})
+	sd := sim.New(sim.Config{Capacity: giB})
+	_, err := New(sd, Options{InitialFraction: 0.5, MaxBytes: 64 * miB})
 	require.ErrorIs(t, err, ErrBadOptions)
-	_, err = New(sim, Options{InitialFraction: 0.5, MaxFraction: 0.25})
+	_, err = New(sd, Options{InitialFraction: 0.5, MaxFraction: 0.25})
 	require.ErrorIs(t, err, ErrBadOptions)
-	require.Zero(t, sim.Mapped(), "a refused New holds nothing")
-	require.NoError(t, sim.Check())
-	require.Zero(t, sim.Stats().Reservations)
+	require.Zero(t, sd.Mapped(), "a refused New holds nothing")
+	require.NoError(t, sd.Check())
+	require.Zero(t, sd.Stats().Reservations)
 }
 
 // An aligned search needs a free block of the size class of the request
@@ -345,7 +346,7 @@ func TestAPitchAllocationThatFillsItsGrowthExactlySucceeds(t *testing.T) {
 	}
 	for _, be := range allBackends {
 		t.Run(be.String(), func(t *testing.T) {
-			d := onSim(device.NewSim(device.SimConfig{Capacity: giB}))
+			d := onSim(sim.New(sim.Config{Capacity: giB}))
 			p := openPool(t, d, Options{Backend: be})
 			for _, tc := range cases {
 				ptr, pitch, err := p.AllocPitch(tc.width, tc.height)
@@ -366,7 +367,7 @@ func TestFreeingAnAddressNoBlockCanStartAtFreesNothing(t *testing.T) {
 	for _, be := range allBackends {
 		for _, cm := range cacheModes {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
-				d := onSim(device.NewSim(device.SimConfig{Capacity: giB}))
+				d := onSim(sim.New(sim.Config{Capacity: giB}))
 				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off}})
 				a, err := p.Alloc(4 * kiB)
 				require.NoError(t, err)

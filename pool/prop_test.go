@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/gpumem/tlsf/tlsf"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -41,7 +42,7 @@ type modelBlock struct {
 }
 
 type poolModel struct {
-	sim      *device.Sim
+	sd       *sim.Device
 	d        testDevice
 	p        *Pool
 	streams  []device.Stream // 0 and two created ones
@@ -52,9 +53,9 @@ type poolModel struct {
 }
 
 func newPoolModel(rt *rapid.T, be Backend, cacheOff bool) *poolModel {
-	sim := device.NewSim(device.SimConfig{Capacity: giB})
-	d := onSim(sim)
-	ss := newStreams(rt, sim, 2)
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	ss := newStreams(rt, sd, 2)
 	maxBytes := rapid.SampledFrom([]uint64{0, 24 * miB}).Draw(rt, "MaxBytes")
 	o := Options{
 		Backend:  be,
@@ -64,7 +65,7 @@ func newPoolModel(rt *rapid.T, be Backend, cacheOff bool) *poolModel {
 		GrowFraction: rapid.SampledFrom([]float64{0, 1.0 / 64, 0.25}).Draw(rt, "GrowFraction"),
 	}
 	return &poolModel{
-		sim: sim, d: d, p: openPool(rt, d, o),
+		sd: sd, d: d, p: openPool(rt, d, o),
 		streams:  []device.Stream{0, ss[0], ss[1]},
 		maxBytes: maxBytes,
 		live:     map[uintptr]modelBlock{},
@@ -129,7 +130,7 @@ func (m *poolModel) took(rt *rapid.T, ptr uintptr, n, align uint64) {
 	}
 	// Every byte the caller may use is device memory the process holds.
 	for _, a := range []uintptr{ptr, ptr + uintptr(n) - 1} {
-		_, _, ok := m.sim.Owner(a)
+		_, _, ok := m.sd.Owner(a)
 		require.True(rt, ok, "byte %#x of block [%#x, +%d) is not mapped", a, ptr, n)
 	}
 	m.live[ptr] = modelBlock{n: n, class: sizeClass(n)}

@@ -1,7 +1,7 @@
 package pool
 
 // The shadow-memory test: the simulated GPU keeps the contents of device
-// memory (SimConfig.Shadow), every live block is filled with a word of its
+// memory (sim.Config.Shadow), every live block is filled with a word of its
 // own over its whole size, and blocks are read back before each free and,
 // all of them, every so often. A block handed out twice, a page unmapped
 // or remapped under a live block, or a release that takes live memory
@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/stretchr/testify/require"
 )
 
@@ -36,9 +37,9 @@ type shadowBlock struct {
 }
 
 func runShadow(t *testing.T, o Options, steps int, seed uint64) {
-	sim := device.NewSim(device.SimConfig{Capacity: giB, Shadow: true})
-	d := onSim(sim)
-	ss := newStreams(t, sim, 2)
+	sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+	d := onSim(sd)
+	ss := newStreams(t, sd, 2)
 	streams := []device.Stream{0, ss[0], ss[1]}
 	p := openPool(t, d, o)
 	r := rand.New(rand.NewPCG(seed, 7))
@@ -52,7 +53,7 @@ func runShadow(t *testing.T, o Options, steps int, seed uint64) {
 		verified++
 		for _, ptr := range order {
 			b := live[ptr]
-			expectFilled(t, sim, ptr, b.n, b.v)
+			expectFilled(t, sd, ptr, b.n, b.v)
 		}
 	}
 	// afterOOM reads everything back after the first out-of-memory
@@ -67,7 +68,7 @@ func runShadow(t *testing.T, o Options, steps int, seed uint64) {
 		require.Zero(t, ptr%uintptr(align), "%#x not aligned to %d", ptr, align)
 		requireDisjoint(t, toSizes(live), ptr, n)
 		next++
-		fillBlock(t, sim, ptr, n, next)
+		fillBlock(t, sd, ptr, n, next)
 		live[ptr] = shadowBlock{n, next}
 		order = append(order, ptr)
 	}
@@ -121,7 +122,7 @@ func runShadow(t *testing.T, o Options, steps int, seed uint64) {
 			i := r.IntN(len(order))
 			ptr := order[i]
 			b := live[ptr]
-			expectFilled(t, sim, ptr, b.n, b.v)
+			expectFilled(t, sd, ptr, b.n, b.v)
 			if s := streams[r.IntN(len(streams))]; s == 0 {
 				require.NoError(t, p.Free(ptr))
 			} else {

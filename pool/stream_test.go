@@ -3,7 +3,7 @@ package pool
 // Stream order on the simulated GPU: a block freed on a stream is reused
 // at once on that stream and elsewhere only after the free's work is done;
 // memory goes back to the driver only after the streams that used it are
-// synchronized. Holding a stream (Sim.HoldStream) keeps its work queued,
+// synchronized. Holding a stream (sim.Device.HoldStream) keeps its work queued,
 // and Sim records any free, unmap or reuse that would race with it
 // (Violations), which every check asserts empty.
 
@@ -11,29 +11,30 @@ import (
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/stretchr/testify/require"
 )
 
 // streamRig is a pool on a Sim with two streams, a and b.
 type streamRig struct {
-	sim  *device.Sim
+	sd   *sim.Device
 	d    testDevice
 	p    *Pool
 	a, b device.Stream
 }
 
 func newStreamRig(t *testing.T, be Backend, o Options) *streamRig {
-	sim := device.NewSim(device.SimConfig{Capacity: giB, Shadow: true})
-	d := onSim(sim)
-	ss := newStreams(t, sim, 2) // before the pool: destroyed after Close
+	sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+	d := onSim(sd)
+	ss := newStreams(t, sd, 2) // before the pool: destroyed after Close
 	o.Backend = be
-	return &streamRig{sim: sim, d: d, p: openPool(t, d, o), a: ss[0], b: ss[1]}
+	return &streamRig{sd: sd, d: d, p: openPool(t, d, o), a: ss[0], b: ss[1]}
 }
 
 // writeHeld queues a write of the n bytes at ptr on stream s, held.
 func (r *streamRig) writeHeld(t *testing.T, ptr uintptr, n uint64, s device.Stream) {
-	require.NoError(t, r.sim.HoldStream(s))
-	require.NoError(t, r.sim.MemsetD32Async(ptr, 0x5eed, wordCount(n), s))
+	require.NoError(t, r.sd.HoldStream(s))
+	require.NoError(t, r.sd.MemsetD32Async(ptr, 0x5eed, wordCount(n), s))
 }
 
 // streamBlock is 2 MiB: a granule, above the caches' sizes.
@@ -51,7 +52,7 @@ func TestStreamOrderedReuse(t *testing.T) {
 			require.NoError(t, r.p.FreeOn(x, r.a))
 			checkStep(t, r.p, r.d)
 
-			require.NoError(t, r.sim.ReleaseStream(r.a))
+			require.NoError(t, r.sd.ReleaseStream(r.a))
 			before := r.p.Stats()
 			z, err := r.p.AllocOn(streamBlock, r.b)
 			require.NoError(t, err)
@@ -77,10 +78,10 @@ func TestStreamOrderedReuse(t *testing.T) {
 			z, err := r.p.AllocOn(streamBlock, r.b)
 			require.NoError(t, err)
 			require.Equal(t, before.Retries+1, r.p.Stats().Retries, "the out-of-memory path waits for pending frees")
-			require.Empty(t, r.sim.Violations())
-			require.NoError(t, r.sim.MemsetD32Async(z, 0xb, wordCount(streamBlock), r.b))
-			require.NoError(t, r.sim.StreamSynchronize(r.b))
-			expectFilled(t, r.sim, z, streamBlock, 0xb)
+			require.Empty(t, r.sd.Violations())
+			require.NoError(t, r.sd.MemsetD32Async(z, 0xb, wordCount(streamBlock), r.b))
+			require.NoError(t, r.sd.StreamSynchronize(r.b))
+			expectFilled(t, r.sd, z, streamBlock, 0xb)
 			checkStep(t, r.p, r.d)
 			require.NoError(t, r.p.FreeOn(z, r.b))
 			require.NoError(t, r.p.FreeOn(y, r.b))
@@ -101,7 +102,7 @@ func TestStreamOrderedReuse(t *testing.T) {
 			again, err := r.p.AllocOn(streamBlock, r.a)
 			require.NoError(t, err)
 			require.Equal(t, x, again)
-			require.NoError(t, r.sim.ReleaseStream(r.a))
+			require.NoError(t, r.sd.ReleaseStream(r.a))
 			checkStep(t, r.p, r.d)
 		})
 	}
@@ -127,7 +128,7 @@ func TestTheDefaultStreamRule(t *testing.T) {
 			require.Equal(t, x, x2, "AllocOn(·, 0) is Alloc: it reuses what Free freed at once")
 			require.NoError(t, r.p.Free(x2))
 			checkStep(t, r.p, r.d)
-			require.NoError(t, r.sim.ReleaseStream(0))
+			require.NoError(t, r.sd.ReleaseStream(0))
 			checkStep(t, r.p, r.d)
 		})
 
@@ -143,7 +144,7 @@ func TestTheDefaultStreamRule(t *testing.T) {
 			require.NoError(t, err)
 			requireDisjoint(t, map[uintptr]uint64{x: streamBlock}, y, streamBlock)
 			checkStep(t, r.p, r.d)
-			require.NoError(t, r.sim.ReleaseStream(r.a))
+			require.NoError(t, r.sd.ReleaseStream(r.a))
 		})
 
 		for _, cacheOff := range []bool{false, true} {
@@ -157,10 +158,10 @@ func TestTheDefaultStreamRule(t *testing.T) {
 					require.NoError(t, err)
 					held = append(held, x)
 				}
-				require.NoError(t, r.sim.HoldStream(0))
+				require.NoError(t, r.sd.HoldStream(0))
 				live := map[uintptr]uint64{}
 				for _, x := range held {
-					require.NoError(t, r.sim.MemsetD32Async(x, 0x5eed, wordCount(4*kiB), 0))
+					require.NoError(t, r.sd.MemsetD32Async(x, 0x5eed, wordCount(4*kiB), 0))
 					require.NoError(t, r.p.Free(x))
 					live[x] = 4 * kiB
 				}
@@ -202,8 +203,8 @@ func TestTheDefaultStreamRule(t *testing.T) {
 			r.writeHeld(t, x, streamBlock, r.a)
 			require.NoError(t, r.p.FreeOn(x, r.a))
 			require.NoError(t, r.p.Close())
-			require.Empty(t, r.sim.Violations())
-			require.Zero(t, r.sim.Mapped())
+			require.Empty(t, r.sd.Violations())
+			require.Zero(t, r.sd.Mapped())
 		})
 
 		t.Run(be.String()+"/a second stream's work is ordered after the first stream's earlier frees", func(t *testing.T) {
@@ -215,11 +216,11 @@ func TestTheDefaultStreamRule(t *testing.T) {
 			// The pool meets b: b's work must now wait for a's.
 			y, err := r.p.AllocOn(streamBlock, r.b)
 			require.NoError(t, err)
-			require.NoError(t, r.sim.MemsetD32Async(y, 0xb, wordCount(streamBlock), r.b))
-			require.Empty(t, r.sim.Violations())
-			require.NoError(t, r.sim.ReleaseStream(r.a))
-			require.NoError(t, r.sim.StreamSynchronize(r.b))
-			expectFilled(t, r.sim, y, streamBlock, 0xb)
+			require.NoError(t, r.sd.MemsetD32Async(y, 0xb, wordCount(streamBlock), r.b))
+			require.Empty(t, r.sd.Violations())
+			require.NoError(t, r.sd.ReleaseStream(r.a))
+			require.NoError(t, r.sd.StreamSynchronize(r.b))
+			expectFilled(t, r.sd, y, streamBlock, 0xb)
 			require.NoError(t, r.p.FreeOn(y, r.b))
 			checkStep(t, r.p, r.d)
 		})
@@ -247,8 +248,8 @@ func TestTheDefaultStreamRule(t *testing.T) {
 			r.writeHeld(t, ptrs[3], streamBlock, r.b)
 			require.NoError(t, r.p.FreeOn(ptrs[3], r.b))
 			require.NoError(t, r.p.Close())
-			require.Empty(t, r.sim.Violations())
-			require.Zero(t, r.sim.Mapped())
+			require.Empty(t, r.sd.Violations())
+			require.Zero(t, r.sd.Mapped())
 		})
 	}
 }
@@ -259,7 +260,7 @@ func TestPassthroughFreeOnWaitsForTheStream(t *testing.T) {
 	require.NoError(t, err)
 	r.writeHeld(t, x, streamBlock, r.a)
 	require.NoError(t, r.p.FreeOn(x, r.a))
-	require.Empty(t, r.sim.Violations(), "cuMemFree while the stream's work still writes the block")
+	require.Empty(t, r.sd.Violations(), "cuMemFree while the stream's work still writes the block")
 	checkStep(t, r.p, r.d)
 }
 
@@ -270,16 +271,16 @@ func TestPassthroughFreeOnWaitsForTheStream(t *testing.T) {
 func TestADestroyedStreamDoesNotWedgeTrim(t *testing.T) {
 	for _, be := range pooledBackends {
 		t.Run(be.String(), func(t *testing.T) {
-			sim := device.NewSim(device.SimConfig{Capacity: giB})
-			d := onSim(sim)
+			sd := sim.New(sim.Config{Capacity: giB})
+			d := onSim(sd)
 			p := openPool(t, d, Options{Backend: be})
-			s, err := sim.StreamCreate()
+			s, err := sd.StreamCreate()
 			require.NoError(t, err)
 			x, err := p.AllocOn(streamBlock, s)
 			require.NoError(t, err)
 			require.NoError(t, p.FreeOn(x, s))
 			require.NoError(t, p.ForgetStream(s))
-			require.NoError(t, sim.StreamDestroy(s))
+			require.NoError(t, sd.StreamDestroy(s))
 			_, err = p.Trim()
 			require.NoError(t, err)
 			checkStep(t, p, d)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/stretchr/testify/require"
 )
 
@@ -42,15 +43,15 @@ func runDeviceSuite(t *testing.T, newDev deviceFactory, backends []Backend) {
 }
 
 func TestDeviceSuiteOnSim(t *testing.T) {
-	runDeviceSuite(t, simDevices(device.SimConfig{Capacity: 4 * giB, Shadow: true}), allBackends)
+	runDeviceSuite(t, simDevices(sim.Config{Capacity: 4 * giB, Shadow: true}), allBackends)
 }
 
 func TestDeviceSuiteOnSimWithoutVMM(t *testing.T) {
 	// BackendAuto picks chunks where the device has no VMM.
-	sim := device.NewSim(device.SimConfig{Capacity: giB, NoVMM: true})
-	p := openPool(t, onSim(sim), Options{})
+	sd := sim.New(sim.Config{Capacity: giB, NoVMM: true})
+	p := openPool(t, onSim(sd), Options{})
 	require.Equal(t, BackendChunks, p.Backend())
-	runDeviceSuite(t, simDevices(device.SimConfig{Capacity: 4 * giB, Shadow: true, NoVMM: true}),
+	runDeviceSuite(t, simDevices(sim.Config{Capacity: 4 * giB, Shadow: true, NoVMM: true}),
 		[]Backend{BackendChunks, BackendPassthrough})
 }
 
@@ -189,8 +190,8 @@ func suiteTwoStreams(t *testing.T, d testDevice, be Backend) {
 	require.NoError(t, err)
 
 	// Work on a, held where the device lets the test hold it.
-	if d.sim != nil {
-		require.NoError(t, d.sim.HoldStream(a))
+	if d.sd != nil {
+		require.NoError(t, d.sd.HoldStream(a))
 	}
 	require.NoError(t, d.MemsetD32Async(x, 0xaaaa, wordCount(n), a))
 	require.NoError(t, p.FreeOn(x, a))
@@ -210,8 +211,8 @@ func suiteTwoStreams(t *testing.T, d testDevice, be Backend) {
 	require.NoError(t, d.MemsetD32Async(z, 0xbbbb, wordCount(n), b))
 	checkStep(t, p, d)
 
-	if d.sim != nil {
-		require.NoError(t, d.sim.ReleaseStream(a))
+	if d.sd != nil {
+		require.NoError(t, d.sd.ReleaseStream(a))
 	}
 	require.NoError(t, d.StreamSynchronize(a))
 	require.NoError(t, d.StreamSynchronize(b))
@@ -316,8 +317,8 @@ func suiteTrimClose(t *testing.T, d testDevice, be Backend) {
 	small, err := p.Alloc(kiB)
 	require.NoError(t, err)
 	require.NoError(t, p.Close())
-	if d.sim != nil {
-		require.Zero(t, d.sim.Mapped())
+	if d.sd != nil {
+		require.Zero(t, d.sd.Mapped())
 	}
 	require.ErrorIs(t, p.Close(), ErrClosed)
 	require.ErrorIs(t, p.Free(live), ErrClosed)

@@ -20,10 +20,10 @@ nproc >>"$OUT/gpu.txt"
 for stage in $STAGES; do
 	case $stage in
 	tests)
-		log "device tests"
-		./bin/device.test -test.v -test.count=1 >"$OUT/device.log" 2>&1
-		echo "device exit $?" | tee -a "$OUT/summary.txt"
-		grep -E "^(--- FAIL|FAIL|ok|PASS)" "$OUT/device.log" | tail -5 | tee -a "$OUT/summary.txt"
+		log "device/cuda tests"
+		./bin/cuda.test -test.v -test.count=1 >"$OUT/cuda.log" 2>&1
+		echo "cuda exit $?" | tee -a "$OUT/summary.txt"
+		grep -E "^(--- FAIL|FAIL|ok|PASS)" "$OUT/cuda.log" | tail -5 | tee -a "$OUT/summary.txt"
 		log "pool tests on the GPU"
 		./bin/pool.test -test.v -test.count=1 -test.run '^TestGPU' >"$OUT/pool.log" 2>&1
 		echo "pool exit $?" | tee -a "$OUT/summary.txt"
@@ -32,7 +32,7 @@ for stage in $STAGES; do
 		;;
 	bench)
 		log "benchmarks"
-		./bin/device.test -test.run '^$' -test.bench 'CUDAVMMPage|CUDAMemAllocFree|CUDABareCall' -test.benchtime 20x >"$OUT/bench-device.txt" 2>&1
+		./bin/cuda.test -test.run '^$' -test.bench 'CUDAVMMPage|CUDAMemAllocFree|CUDABareCall' -test.benchtime 20x >"$OUT/bench-device.txt" 2>&1
 		./bin/bench.test -test.run '^$' -test.bench 'Small|Replay$' -test.benchtime 2s >"$OUT/bench.txt" 2>&1
 		grep -E "^Benchmark" "$OUT/bench-device.txt" "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
 		;;

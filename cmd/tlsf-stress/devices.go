@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/cuda"
+	"github.com/gpumem/tlsf/device/sim"
 )
 
 // Device kinds, the values of --device.
@@ -20,10 +22,10 @@ const (
 // shared by every run and closed at the end, or a fresh simulated H200
 // per run, so that each run's figures start from an empty device.
 type devices struct {
-	kind string             // deviceCUDA or deviceSim
-	cuda *device.CUDADevice // when kind is deviceCUDA
-	sim  device.SimConfig   // when kind is deviceSim
-	note string             // why the simulated device was chosen, if it was not asked for
+	kind string       // deviceCUDA or deviceSim
+	cuda *cuda.Device // when kind is deviceCUDA
+	sd   sim.Config   // when kind is deviceSim
+	note string       // why the simulated device was chosen, if it was not asked for
 }
 
 // openDevices resolves --device: "cuda" opens GPU 0 and fails without one;
@@ -31,11 +33,11 @@ type devices struct {
 // simulated device where there is no driver or no GPU. shadow keeps the
 // simulated memory's contents (verification needs it).
 func openDevices(g *globalFlags, shadow bool) (*devices, error) {
-	ds := &devices{kind: g.device, sim: device.SimConfig{Shadow: shadow, Capacity: uint64(g.simCapacity)}}
+	ds := &devices{kind: g.device, sd: sim.Config{Shadow: shadow, Capacity: uint64(g.simCapacity)}}
 	if ds.kind == deviceSim {
 		return ds, nil
 	}
-	d, err := device.CUDA(0)
+	d, err := cuda.Open(0)
 	switch {
 	case err == nil:
 		ds.kind, ds.cuda = deviceCUDA, d
@@ -54,7 +56,7 @@ func (ds *devices) get() (device.Device, func()) {
 	if ds.kind == deviceCUDA {
 		return ds.cuda, func() {}
 	}
-	s := device.NewSim(ds.sim)
+	s := sim.New(ds.sd)
 	return s, func() { _ = s.Close() }
 }
 
@@ -63,8 +65,8 @@ func (ds *devices) name() string {
 	if ds.kind == deviceCUDA {
 		return ds.cuda.Name()
 	}
-	if ds.sim.Name != "" {
-		return ds.sim.Name
+	if ds.sd.Name != "" {
+		return ds.sd.Name
 	}
 	return "Simulated H200"
 }

@@ -1,7 +1,7 @@
 // Command tlsf-stress replays allocation traces through the TLSF device
 // memory pool (package pool) and its peers, and stress-tests the pool with
 // verified random workloads, on a CUDA GPU or on the simulated H200
-// (device.Sim).
+// (sim.Device).
 //
 // Usage:
 //
@@ -112,7 +112,7 @@
 // blocks. Any corrupted word or overlap is reported with its addresses and
 // the blocks involved. At the end the allocator must hold nothing live
 // (no lost blocks) and pass its invariant check (pool.Check). On the
-// simulated device memory contents are simulated (SimConfig.Shadow), so
+// simulated device memory contents are simulated (sim.Config.Shadow), so
 // verification is real, and the simulator's violations (stream-order
 // misuse) are problems too. A progress bar is drawn on a terminal, plain
 // lines every --progress-interval otherwise. Out-of-memory errors are
@@ -141,7 +141,7 @@
 // max_fraction and exit_status, and the parent prints a table (or, with
 // --json, the children's lines). A simulated GPU cannot span processes, so
 // on the simulated device the K processes are goroutines, each a
-// device.Sim process (Sim.NewProcess) sharing one simulated capacity;
+// sim.Device process (NewProcess) sharing one simulated capacity;
 // --exec runs real children there too, each with a simulated GPU of its
 // own.
 //

@@ -11,7 +11,7 @@ package main
 // (os.Executable) K times with the hidden subcommand multi-child, and
 // reads one JSON line from each child's standard output. A simulated GPU
 // cannot be shared between processes, so on the simulated device the K
-// "processes" are goroutines, each on its own device.Sim process handle
+// "processes" are goroutines, each on its own sim.Device process handle
 // (Sim.NewProcess) of one simulated GPU: separate address spaces and
 // handles, one shared capacity, which is what the fraction policy reacts
 // to. --exec forces real child processes on the simulated device too;
@@ -34,6 +34,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/spf13/cobra"
 )
 
@@ -65,7 +66,7 @@ there is: out-of-memory errors are expected and counted; corruption, lost
 blocks, other errors or a crashed process are failures (exit status 1).
 
 On a GPU the processes are real child processes. On the simulated device they
-are goroutines, each a separate simulated process (device.Sim.NewProcess) on
+are goroutines, each a separate simulated process (sim.Device.NewProcess) on
 one simulated GPU whose capacity they share; --exec runs real child processes
 there too, each with its own simulated GPU.`,
 		Args: wrapArgs(cobra.NoArgs),
@@ -208,8 +209,8 @@ func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts)
 	if err := a.close(); err != nil {
 		fail("closing the pool: %v", err)
 	}
-	if sim, ok := dev.(*device.Sim); ok {
-		if used := sim.Used(); used != 0 {
+	if sd, ok := dev.(*sim.Device); ok {
+		if used := sd.Used(); used != 0 {
 			res.ProblemCount++
 			res.Problems = append(res.Problems, fmt.Sprintf("lost memory: the process holds %d bytes of the simulated GPU after closing its pool", used))
 			res.OK = false
@@ -244,14 +245,14 @@ func runMulti(cmd *cobra.Command, g *globalFlags, o *multiOpts) error {
 
 	results := make([]*childResult, o.procs)
 	if ds.kind == deviceSim && !o.exec {
-		sim := base.(*device.Sim)
+		sd := base.(*sim.Device)
 		var wg sync.WaitGroup
 		for i := range o.procs {
 			c := co
 			c.index, c.seed = i, o.seed+uint64(i)
-			dev := sim
+			dev := sd
 			if i > 0 {
-				dev = sim.NewProcess()
+				dev = sd.NewProcess()
 			}
 			wg.Add(1)
 			go func() {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/gpumem/tlsf/internal/replay"
 	"github.com/gpumem/tlsf/internal/trace"
 	"github.com/spf13/cobra"
@@ -210,7 +211,7 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		Trace: t.Name, Source: t.Source, Format: t.Format.String(), Backend: be,
 		Device: dev.Name(), DeviceKind: ds.kind, PeakLiveBytes: t.PeakLive(), CapBytes: capBytes,
 	}
-	sim, _ := dev.(*device.Sim)
+	sd, _ := dev.(*sim.Device)
 	var simT0, simT1 time.Duration
 	err = withAllocator(dev, t, be, allocOptions{capBytes: capBytes}, func(a replayAllocator) error {
 		every := 0
@@ -226,15 +227,15 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		}
 		r.series = series
 		c0 := a.calls()
-		if sim != nil {
-			simT0 = sim.SimTime()
+		if sd != nil {
+			simT0 = sd.SimTime()
 		}
 		warm, _, err := replayTrace(t, a, 0)
 		if err != nil {
 			return err
 		}
-		if sim != nil {
-			simT1 = sim.SimTime()
+		if sd != nil {
+			simT1 = sd.SimTime()
 		}
 		c1 := a.calls()
 		if err := warm.FreeLeft(a); err != nil {
@@ -254,7 +255,7 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		r.PeakReservedBytes = peak
 		r.DeviceCalls, r.WarmDeviceCalls = c1.Total(), c1.Total()-c0.Total()
 		r.DeviceCallsByName = c1.Map()
-		if sim != nil && warm.Ops > 0 {
+		if sd != nil && warm.Ops > 0 {
 			v := float64(simT1-simT0) / float64(warm.Ops)
 			r.DeviceNsPerOp = &v
 		}
@@ -363,14 +364,14 @@ func replayTrace(t *trace.Trace, a replayAllocator, every int) (replay.Result, [
 func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 	fmt.Fprintf(w, "Replay on %s (%s). ns/op is the warm cost per alloc or free: each trace is\n", ds.name(), ds.kind)
 	fmt.Fprintln(w, "replayed once to warm the allocator, then again on it, timed; peers' figures are warm too.")
-	sim := ds.kind == deviceSim
-	if sim {
+	sd := ds.kind == deviceSim
+	if sd {
 		fmt.Fprintln(w, "On the simulated device ns/op is host time only; drv ns/op is the modelled driver time per op.")
 	}
 	baselines, _ := trace.Baselines()
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "trace\tbackend\tops\tns/op\t"
-	if sim {
+	if sd {
 		head += "drv ns/op\t"
 	}
 	head += "peak reserved\treserved/live\tmin cap/live\tdevice calls\tfailed\t"
@@ -382,7 +383,7 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 		}
 		last = r.Trace
 		row := fmt.Sprintf("%s\t%s\t%d\t%.0f\t", r.Trace, r.Backend, r.Ops, r.NsPerOp)
-		if sim {
+		if sd {
 			row += fmt.Sprintf("%s\t", optFloat(r.DeviceNsPerOp, "%.0f"))
 		}
 		row += fmt.Sprintf("%s\t%.3f\t%s\t%d\t%d\t", gib(r.PeakReservedBytes), r.ReservedOverLive, optFloat(r.MinCapOverLive, "%.3f"), r.DeviceCalls, r.FailedAllocs)
@@ -397,7 +398,7 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 		for _, name := range slices.Sorted(maps.Keys(bl.Peers)) {
 			p := bl.Peers[name]
 			row := fmt.Sprintf("%s\tpeer %s\t%d\t%s\t", r.Trace, name, bl.Ops, zeroDash(p.WarmNsPerOp, "%.0f"))
-			if sim {
+			if sd {
 				row += "\t"
 			}
 			rsv := "-"

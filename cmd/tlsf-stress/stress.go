@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 )
 
 // Verification modes, the values of --verify.
@@ -155,8 +156,8 @@ func (s *stress) run() *stressReport {
 	if err := a.checkEmpty(); err != nil {
 		s.problem("%v", err)
 	}
-	if sim, ok := d.(*device.Sim); ok {
-		for _, v := range sim.Violations() {
+	if sd, ok := d.(*sim.Device); ok {
+		for _, v := range sd.Violations() {
 			s.problem("simulated device: %s", v)
 		}
 	}
@@ -282,11 +283,11 @@ type worker struct {
 }
 
 // newBlockID returns the next block's ID and pattern (see the file
-// comment), skipping IDs whose pattern would be 0 or SimUninitialized.
+// comment), skipping IDs whose pattern would be 0 or sim.Uninitialized.
 func (s *stress) newBlockID() (uint64, uint32) {
 	for {
 		id := s.nextID.Add(1)
-		if p := uint32(id) * 0x9E3779B1; p != 0 && p != device.SimUninitialized {
+		if p := uint32(id) * 0x9E3779B1; p != 0 && p != sim.Uninitialized {
 			return id, p
 		}
 	}

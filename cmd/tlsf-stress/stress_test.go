@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -107,8 +108,8 @@ func TestRunDetectsCorruption(t *testing.T) {
 func TestStressNamesTheBlockWhosePatternIsFound(t *testing.T) {
 	// Another live block's pattern in block #3's last bytes: the report
 	// names both blocks.
-	sim := device.NewSim(device.SimConfig{Shadow: true, Capacity: 1 << 30})
-	a, err := newAllocator(sim, backendVMM, allocOptions{})
+	sd := sim.New(sim.Config{Shadow: true, Capacity: 1 << 30})
+	a, err := newAllocator(sd, backendVMM, allocOptions{})
 	require.NoError(t, err)
 	other := &liveBlock{id: 1000, ptr: 0x7e0000000000, size: 4096, pattern: 0x12345678}
 	var victim *liveBlock
@@ -120,7 +121,7 @@ func TestStressNamesTheBlockWhosePatternIsFound(t *testing.T) {
 	})
 	cfg := stressConfig{goroutines: 1, ops: 20, slots: 8, verify: verifySampled, seed: 1,
 		sizes: func(*rand.Rand) uint64 { return 1 << 20 }}
-	s := newStress(context.Background(), sim, a, cfg)
+	s := newStress(context.Background(), sd, a, cfg)
 	s.patterns.Store(other.pattern, other)
 	rep := s.run()
 	require.NoError(t, a.close())
@@ -165,15 +166,15 @@ func (a *overlapAlloc) FreeOn(ptr uintptr, s device.Stream) error {
 }
 
 func TestStressDetectsOverlapOnHost(t *testing.T) {
-	sim := device.NewSim(device.SimConfig{Shadow: true, Capacity: 1 << 30})
-	inner, err := newAllocator(sim, backendChunks, allocOptions{})
+	sd := sim.New(sim.Config{Shadow: true, Capacity: 1 << 30})
+	inner, err := newAllocator(sd, backendChunks, allocOptions{})
 	require.NoError(t, err)
 	a := &overlapAlloc{allocator: inner, at: 3}
 	cfg := stressConfig{
 		goroutines: 1, ops: 3, slots: 64, verify: verifyNone, seed: 1,
 		sizes: func(*rand.Rand) uint64 { return 1 << 16 },
 	}
-	rep := newStress(context.Background(), sim, a, cfg).run()
+	rep := newStress(context.Background(), sd, a, cfg).run()
 	require.NoError(t, inner.close())
 	require.NotZero(t, rep.ProblemCount)
 	assert.True(t, strings.HasPrefix(rep.Problems[0], "overlap: block #3 ["), rep.Problems[0])
@@ -183,13 +184,13 @@ func TestStressDetectsOverlapOnHost(t *testing.T) {
 
 func TestStressReportsLostBlocks(t *testing.T) {
 	// An allocator that forgets to free: the pool still counts the block.
-	sim := device.NewSim(device.SimConfig{Shadow: true, Capacity: 1 << 30})
-	inner, err := newAllocator(sim, backendVMM, allocOptions{})
+	sd := sim.New(sim.Config{Shadow: true, Capacity: 1 << 30})
+	inner, err := newAllocator(sd, backendVMM, allocOptions{})
 	require.NoError(t, err)
 	a := &leakyAlloc{allocator: inner}
 	cfg := stressConfig{goroutines: 1, ops: 10, slots: 4, verify: verifySampled, seed: 1,
 		sizes: func(*rand.Rand) uint64 { return 4096 }}
-	rep := newStress(context.Background(), sim, a, cfg).run()
+	rep := newStress(context.Background(), sd, a, cfg).run()
 	require.NoError(t, inner.close())
 	require.NotZero(t, rep.ProblemCount)
 	assert.Contains(t, strings.Join(rep.Problems, "\n"), "lost blocks")

@@ -1,4 +1,4 @@
-package device
+package sim
 
 // Streams, events, held work and the happens-before order.
 //
@@ -34,6 +34,8 @@ package device
 import (
 	"fmt"
 	"slices"
+
+	"github.com/gpumem/tlsf/device"
 )
 
 // simClock is a vector clock: entry i counts the items of the stream with
@@ -65,7 +67,7 @@ func (c *simClock) join(o simClock) {
 
 // simStream is one stream; index 0 is the default stream.
 type simStream struct {
-	h         Stream
+	h         device.Stream
 	idx       int  // index in vector clocks
 	held      bool // HoldStream: nothing on it runs
 	destroyed bool
@@ -121,29 +123,29 @@ type simRecord struct {
 
 // simEvent is an event; last is its latest record, nil if never recorded.
 type simEvent struct {
-	h    Event
+	h    device.Event
 	last *simRecord
 }
 
-func (s *Sim) stream(c Call, h Stream) (*simStream, error) {
+func (s *Device) stream(c device.Call, h device.Stream) (*simStream, error) {
 	st := s.streams[h]
 	if st == nil || st.destroyed {
-		return nil, simErr(c, ErrInvalidValue, "stream %#x is not a live stream of this process", uintptr(h))
+		return nil, simErr(c, device.ErrInvalidValue, "stream %#x is not a live stream of this process", uintptr(h))
 	}
 	return st, nil
 }
 
-func (s *Sim) event(c Call, h Event) (*simEvent, error) {
+func (s *Device) event(c device.Call, h device.Event) (*simEvent, error) {
 	ev := s.events[h]
 	if ev == nil {
-		return nil, simErr(c, ErrInvalidValue, "event %#x is not a live event of this process", uintptr(h))
+		return nil, simErr(c, device.ErrInvalidValue, "event %#x is not a live event of this process", uintptr(h))
 	}
 	return ev, nil
 }
 
 // enqueue issues it on st: it runs now if nothing holds it back, else it
 // joins st's queue.
-func (s *Sim) enqueue(st *simStream, it *simItem) {
+func (s *Device) enqueue(st *simStream, it *simItem) {
 	st.clock.join(s.host)
 	st.seq++
 	st.clock.set(st.idx, st.seq)
@@ -159,7 +161,7 @@ func (s *Sim) enqueue(st *simStream, it *simItem) {
 }
 
 // execute runs it.
-func (s *Sim) execute(it *simItem) {
+func (s *Device) execute(it *simItem) {
 	switch it.kind {
 	case simItemMemset:
 		s.eachQueued(func(q *simItem) {
@@ -175,7 +177,7 @@ func (s *Sim) execute(it *simItem) {
 
 // progress runs queued work until nothing more can run, then retires
 // destroyed streams with empty queues.
-func (s *Sim) progress() {
+func (s *Device) progress() {
 	for moved := true; moved; {
 		moved = false
 		for _, st := range s.live {
@@ -194,7 +196,7 @@ func (s *Sim) progress() {
 // complete runs st's work until done reports true, lifting the hold on st
 // and on every stream whose work st's work waits for: what a synchronize
 // does when the GPU catches up.
-func (s *Sim) complete(st *simStream, done func() bool) {
+func (s *Device) complete(st *simStream, done func() bool) {
 	for !done() {
 		st.held = false
 		s.progress()
@@ -209,7 +211,7 @@ func (s *Sim) complete(st *simStream, done func() bool) {
 }
 
 // eachQueued calls f for every queued memset whose target is still live.
-func (s *Sim) eachQueued(f func(it *simItem)) {
+func (s *Device) eachQueued(f func(it *simItem)) {
 	for _, st := range s.live {
 		for _, it := range st.queue {
 			if it.kind == simItemMemset {
@@ -237,7 +239,7 @@ func spansOverlap(a, b []simSpan) bool {
 // killPending records a violation for every queued memset with a live span
 // that match selects (memory call c is about to free or unmap), and marks
 // those spans dead: their writes will never land.
-func (s *Sim) killPending(c Call, what string, match func(sp *simSpan) bool) {
+func (s *Device) killPending(c device.Call, what string, match func(sp *simSpan) bool) {
 	s.eachQueued(func(it *simItem) {
 		hit := false
 		for i := range it.spans {
@@ -255,7 +257,7 @@ func (s *Sim) killPending(c Call, what string, match func(sp *simSpan) bool) {
 
 // hostRace records a violation for every queued memset that will write
 // bytes the host-synchronous call c touches now.
-func (s *Sim) hostRace(c Call, spans []simSpan, verb string) {
+func (s *Device) hostRace(c device.Call, spans []simSpan, verb string) {
 	s.eachQueued(func(it *simItem) {
 		if spansOverlap(spans, it.spans) {
 			s.violate("race: %s %s [%#x, +%d) while %s, %s, will write it", c, verb, spans[0].addr, spanBytes(spans), it, it.st.state())
@@ -271,16 +273,16 @@ func spanBytes(spans []simSpan) uint64 {
 	return n
 }
 
-func (s *Sim) violate(format string, args ...any) {
+func (s *Device) violate(format string, args ...any) {
 	s.violations = append(s.violations, fmt.Sprintf(format, args...))
 }
 
 // StreamCreate creates a stream (cuStreamCreate, non-blocking). Handles are
 // never reused. Stream 0, the default stream, always exists.
-func (s *Sim) StreamCreate() (h Stream, err error) {
-	err = s.do(CallStreamCreate, func() (uint64, error) {
+func (s *Device) StreamCreate() (h device.Stream, err error) {
+	err = s.do(device.CallStreamCreate, func() (uint64, error) {
 		s.nextStream++
-		h = Stream(s.simTag(simTagStream, s.nextStream))
+		h = device.Stream(s.simTag(simTagStream, s.nextStream))
 		st := &simStream{h: h, idx: int(s.nextStream)}
 		s.streams[h] = st
 		s.live = append(s.live, st)
@@ -294,11 +296,11 @@ func (s *Sim) StreamCreate() (h Stream, err error) {
 // driver finishes it in the background; ReleaseStream still lifts a hold
 // on it. Errors: the default stream, an unknown or destroyed stream is
 // ErrInvalidValue.
-func (s *Sim) StreamDestroy(h Stream) error {
-	const c = CallStreamDestroy
+func (s *Device) StreamDestroy(h device.Stream) error {
+	const c = device.CallStreamDestroy
 	return s.do(c, func() (uint64, error) {
 		if h == 0 {
-			return 0, simErr(c, ErrInvalidValue, "the default stream cannot be destroyed")
+			return 0, simErr(c, device.ErrInvalidValue, "the default stream cannot be destroyed")
 		}
 		st, err := s.stream(c, h)
 		if err != nil {
@@ -315,8 +317,8 @@ func (s *Sim) StreamDestroy(h Stream) error {
 // work h's work waits for, and runs that work. The async pool then
 // returns memory beyond its release threshold (sim_async.go). Errors: an unknown or
 // destroyed stream is ErrInvalidValue.
-func (s *Sim) StreamSynchronize(h Stream) error {
-	const c = CallStreamSynchronize
+func (s *Device) StreamSynchronize(h device.Stream) error {
+	const c = device.CallStreamSynchronize
 	return s.do(c, func() (uint64, error) {
 		st, err := s.stream(c, h)
 		if err != nil {
@@ -334,8 +336,8 @@ func (s *Sim) StreamSynchronize(h Stream) error {
 // work before event eh's latest record (cuStreamWaitEvent). An event never
 // recorded makes it a no-op. Errors: an unknown or destroyed stream or
 // event is ErrInvalidValue.
-func (s *Sim) StreamWaitEvent(sh Stream, eh Event) error {
-	const c = CallStreamWaitEvent
+func (s *Device) StreamWaitEvent(sh device.Stream, eh device.Event) error {
+	const c = device.CallStreamWaitEvent
 	return s.do(c, func() (uint64, error) {
 		st, err := s.stream(c, sh)
 		if err != nil {
@@ -357,10 +359,10 @@ func (s *Sim) StreamWaitEvent(sh Stream, eh Event) error {
 
 // EventCreate creates an event (cuEventCreate, timing disabled). Handles
 // are never reused.
-func (s *Sim) EventCreate() (h Event, err error) {
-	err = s.do(CallEventCreate, func() (uint64, error) {
+func (s *Device) EventCreate() (h device.Event, err error) {
+	err = s.do(device.CallEventCreate, func() (uint64, error) {
 		s.nextEvent++
-		h = Event(s.simTag(simTagEvent, s.nextEvent))
+		h = device.Event(s.simTag(simTagEvent, s.nextEvent))
 		s.events[h] = &simEvent{h: h}
 		return 0, nil
 	})
@@ -370,8 +372,8 @@ func (s *Sim) EventCreate() (h Event, err error) {
 // EventDestroy destroys event h (cuEventDestroy_v2); a queued record of it
 // still completes, and waits on it still wait. Errors: an unknown or
 // destroyed event is ErrInvalidValue.
-func (s *Sim) EventDestroy(h Event) error {
-	const c = CallEventDestroy
+func (s *Device) EventDestroy(h device.Event) error {
+	const c = device.CallEventDestroy
 	return s.do(c, func() (uint64, error) {
 		if _, err := s.event(c, h); err != nil {
 			return 0, err
@@ -384,8 +386,8 @@ func (s *Sim) EventDestroy(h Event) error {
 // EventRecord records event eh on stream sh (cuEventRecord): the event is
 // done once the work issued on sh so far has run. Errors: an unknown or
 // destroyed stream or event is ErrInvalidValue.
-func (s *Sim) EventRecord(eh Event, sh Stream) error {
-	const c = CallEventRecord
+func (s *Device) EventRecord(eh device.Event, sh device.Stream) error {
+	const c = device.CallEventRecord
 	return s.do(c, func() (uint64, error) {
 		ev, err := s.event(c, eh)
 		if err != nil {
@@ -406,8 +408,8 @@ func (s *Sim) EventRecord(eh Event, sh Stream) error {
 // run (cuEventQuery): false while that work is held back, true for an
 // event never recorded. Errors: an unknown or destroyed event is
 // ErrInvalidValue.
-func (s *Sim) EventQuery(h Event) (done bool, err error) {
-	const c = CallEventQuery
+func (s *Device) EventQuery(h device.Event) (done bool, err error) {
+	const c = device.CallEventQuery
 	err = s.do(c, func() (uint64, error) {
 		ev, err := s.event(c, h)
 		if err != nil {
@@ -426,8 +428,8 @@ func (s *Sim) EventQuery(h Event) (done bool, err error) {
 // (cuEventSynchronize), lifting the holds that work waits behind; the
 // async pool then returns memory beyond its release threshold. Errors:
 // an unknown or destroyed event is ErrInvalidValue.
-func (s *Sim) EventSynchronize(h Event) error {
-	const c = CallEventSynchronize
+func (s *Device) EventSynchronize(h device.Event) error {
+	const c = device.CallEventSynchronize
 	return s.do(c, func() (uint64, error) {
 		ev, err := s.event(c, h)
 		if err != nil {
@@ -450,12 +452,12 @@ func (s *Sim) EventSynchronize(h Event) error {
 // The default stream (0) can be held too. It is not a driver call: not
 // counted, no hook, no faults. Errors: an unknown or destroyed stream is
 // ErrInvalidValue.
-func (s *Sim) HoldStream(h Stream) error {
+func (s *Device) HoldStream(h device.Stream) error {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	st := s.streams[h]
 	if st == nil || st.destroyed {
-		return fmt.Errorf("device: sim HoldStream: stream %#x is not a live stream of this process: %w", uintptr(h), ErrInvalidValue)
+		return fmt.Errorf("device: sim HoldStream: stream %#x is not a live stream of this process: %w", uintptr(h), device.ErrInvalidValue)
 	}
 	st.held = true
 	return nil
@@ -465,12 +467,12 @@ func (s *Sim) HoldStream(h Stream) error {
 // run; without a hold it does nothing. A stream destroyed while held can
 // still be released. Errors: a stream this process never made is
 // ErrInvalidValue.
-func (s *Sim) ReleaseStream(h Stream) error {
+func (s *Device) ReleaseStream(h device.Stream) error {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	st := s.streams[h]
 	if st == nil {
-		return fmt.Errorf("device: sim ReleaseStream: stream %#x is not a stream of this process: %w", uintptr(h), ErrInvalidValue)
+		return fmt.Errorf("device: sim ReleaseStream: stream %#x is not a stream of this process: %w", uintptr(h), device.ErrInvalidValue)
 	}
 	st.held = false
 	s.progress()

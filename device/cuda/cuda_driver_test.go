@@ -1,4 +1,4 @@
-package device
+package cuda
 
 // Tests of the CUDA binding that need no GPU: struct layouts, loading
 // failures, and the skip-or-fail rule for GPU tests.
@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/devicetest"
 )
 
 // TestCUDAStructLayout checks the Go mirrors of the driver's structs
@@ -46,7 +49,7 @@ func TestCUDAStructLayout(t *testing.T) {
 func TestCUDAOpenMissingLibrary(t *testing.T) {
 	const name = "libcuda-not-here.so.1"
 	_, err := cuOpen(name)
-	if !errors.Is(err, ErrNoDriver) {
+	if !errors.Is(err, device.ErrNoDriver) {
 		t.Fatalf("cuOpen(%q) = %v, want ErrNoDriver", name, err)
 	}
 	if msg := err.Error(); !strings.Contains(msg, name) || !strings.Contains(msg, "dlopen") {
@@ -62,7 +65,7 @@ func TestCUDAOpenMissingSymbols(t *testing.T) {
 	if err != nil && strings.Contains(err.Error(), "dlopen") {
 		t.Skipf("no %s to stand in for a wrong library: %v", libc, err)
 	}
-	if !errors.Is(err, ErrNoDriver) {
+	if !errors.Is(err, device.ErrNoDriver) {
 		t.Fatalf("cuOpen(%q) = %v, want ErrNoDriver", libc, err)
 	}
 	for _, sym := range []string{"cuInit", "cuMemAlloc_v2", "cuMemcpyDtoH_v2"} {
@@ -78,54 +81,46 @@ func TestCUDANoDriver(t *testing.T) {
 	if _, err := cuLoad(); err == nil {
 		t.Skip("a CUDA driver is present")
 	}
-	_, err := CUDA(0)
-	if !errors.Is(err, ErrNoDriver) || !strings.Contains(err.Error(), libcudaName) {
+	_, err := Open(0)
+	if !errors.Is(err, device.ErrNoDriver) || !strings.Contains(err.Error(), libcudaName) {
 		t.Errorf("CUDA(0) = %v, want ErrNoDriver naming %s", err, libcudaName)
 	}
 	t.Logf("CUDA(0): %v", err)
-	if _, err := CUDAWithContext(0, 1); !errors.Is(err, ErrNoDriver) {
-		t.Errorf("CUDAWithContext = %v, want ErrNoDriver", err)
+	if _, err := WithContext(0, 1); !errors.Is(err, device.ErrNoDriver) {
+		t.Errorf("WithContext = %v, want ErrNoDriver", err)
 	}
-	if _, err := Count(); !errors.Is(err, ErrNoDriver) {
+	if _, err := Count(); !errors.Is(err, device.ErrNoDriver) {
 		t.Errorf("Count = %v, want ErrNoDriver", err)
 	}
-	if _, err := DriverVersion(); !errors.Is(err, ErrNoDriver) {
+	if _, err := DriverVersion(); !errors.Is(err, device.ErrNoDriver) {
 		t.Errorf("DriverVersion = %v, want ErrNoDriver", err)
 	}
 }
 
-// TestCUDAOrSkipReason: no GPU skips unless TLSF_REQUIRE_GPU=1, which
-// fails; a GPU opens.
-func TestCUDAOrSkipReason(t *testing.T) {
+// TestSkipReason: opening device 0 where there is no GPU skips unless
+// TLSF_REQUIRE_GPU=1, which fails; a GPU opens.
+func TestSkipReason(t *testing.T) {
 	_, loadErr := cuLoad()
 	for _, require := range []string{"", "0", "1"} {
 		t.Run("TLSF_REQUIRE_GPU="+require, func(t *testing.T) {
-			t.Setenv(RequireGPUEnv, require)
-			d, skip, err := CUDAOrSkipReason(0)
+			t.Setenv(devicetest.RequireGPUEnv, require)
+			d, openErr := Open(0)
 			if d != nil {
 				defer d.Close()
 			}
-			set := 0
-			for _, ok := range []bool{d != nil, skip != "", err != nil} {
-				if ok {
-					set++
-				}
-			}
-			if set != 1 {
-				t.Fatalf("CUDAOrSkipReason = (%v, %q, %v): want exactly one set", d, skip, err)
-			}
+			skip, err := devicetest.SkipReason(openErr)
 			switch {
 			case loadErr == nil:
-				if d == nil {
-					t.Errorf("driver loaded but CUDAOrSkipReason = (%q, %v)", skip, err)
+				if d == nil || skip != "" || err != nil {
+					t.Errorf("driver loaded but Open = %v, SkipReason = (%q, %v)", openErr, skip, err)
 				}
 			case require == "1":
-				if !errors.Is(err, ErrNoDriver) || !strings.Contains(err.Error(), RequireGPUEnv) {
-					t.Errorf("err = %v, want ErrNoDriver naming %s", err, RequireGPUEnv)
+				if skip != "" || !errors.Is(err, device.ErrNoDriver) || !strings.Contains(err.Error(), devicetest.RequireGPUEnv) {
+					t.Errorf("SkipReason = (%q, %v), want ErrNoDriver naming %s", skip, err, devicetest.RequireGPUEnv)
 				}
 			default:
-				if !strings.Contains(skip, libcudaName) {
-					t.Errorf("skip = %q, want the reason naming %s", skip, libcudaName)
+				if err != nil || !strings.Contains(skip, libcudaName) {
+					t.Errorf("SkipReason = (%q, %v), want the reason naming %s", skip, err, libcudaName)
 				}
 			}
 		})
@@ -139,19 +134,19 @@ func TestCUDAErrorSentinels(t *testing.T) {
 		name string
 		want error // nil: no sentinel
 	}{
-		{1, "CUDA_ERROR_INVALID_VALUE", ErrInvalidValue},
-		{2, "CUDA_ERROR_OUT_OF_MEMORY", ErrOutOfMemory},
-		{3, "CUDA_ERROR_NOT_INITIALIZED", ErrNoDriver},
-		{34, "CUDA_ERROR_STUB_LIBRARY", ErrNoDriver},
-		{46, "CUDA_ERROR_DEVICE_UNAVAILABLE", ErrNoDevice},
-		{100, "CUDA_ERROR_NO_DEVICE", ErrNoDevice},
-		{101, "CUDA_ERROR_INVALID_DEVICE", ErrNoDevice},
-		{400, "CUDA_ERROR_INVALID_HANDLE", ErrInvalidValue},
-		{700, "CUDA_ERROR_ILLEGAL_ADDRESS", ErrIllegalAddress},
-		{801, "CUDA_ERROR_NOT_SUPPORTED", ErrNotSupported},
+		{1, "CUDA_ERROR_INVALID_VALUE", device.ErrInvalidValue},
+		{2, "CUDA_ERROR_OUT_OF_MEMORY", device.ErrOutOfMemory},
+		{3, "CUDA_ERROR_NOT_INITIALIZED", device.ErrNoDriver},
+		{34, "CUDA_ERROR_STUB_LIBRARY", device.ErrNoDriver},
+		{46, "CUDA_ERROR_DEVICE_UNAVAILABLE", device.ErrNoDevice},
+		{100, "CUDA_ERROR_NO_DEVICE", device.ErrNoDevice},
+		{101, "CUDA_ERROR_INVALID_DEVICE", device.ErrNoDevice},
+		{400, "CUDA_ERROR_INVALID_HANDLE", device.ErrInvalidValue},
+		{700, "CUDA_ERROR_ILLEGAL_ADDRESS", device.ErrIllegalAddress},
+		{801, "CUDA_ERROR_NOT_SUPPORTED", device.ErrNotSupported},
 		{600, "CUDA_ERROR_NOT_READY", nil},
 	} {
-		err := error(&Error{Call: "cuTest", Code: c.code, Name: c.name})
+		err := error(&device.Error{Call: "cuTest", Code: c.code, Name: c.name})
 		if got := errors.Unwrap(err); got != c.want {
 			t.Errorf("%s (%d) unwraps to %v, want %v", c.name, c.code, got, c.want)
 		}

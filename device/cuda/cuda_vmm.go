@@ -1,6 +1,6 @@
-package device
+package cuda
 
-// Virtual memory management (VMM) on a CUDADevice: reserve a range of
+// Virtual memory management (VMM) on a Device: reserve a range of
 // device virtual addresses, create physical allocations, map them into the
 // range and grant access. The driver reads its arguments from three C
 // structs, declared below with the exact layout of cuda.h on LP64 Linux.
@@ -10,6 +10,8 @@ package device
 import (
 	"structs"
 	"unsafe"
+
+	"github.com/gpumem/tlsf/device"
 )
 
 // cuMemLocation is CUmemLocation: where memory lives.
@@ -64,7 +66,7 @@ type cuMemAccessDesc struct {
 
 // pinnedProp describes pinned device memory on this device, with no
 // shareable handle type and no compression.
-func (d *CUDADevice) pinnedProp() cuMemAllocationProp {
+func (d *Device) pinnedProp() cuMemAllocationProp {
 	return cuMemAllocationProp{
 		typ:                  cuMemAllocationPinned,
 		requestedHandleTypes: cuMemHandleTypeNone,
@@ -78,7 +80,7 @@ func (d *CUDADevice) pinnedProp() cuMemAllocationProp {
 // on current GPUs). The first successful answer is cached, so later calls
 // make no driver call; no Call kind counts it. Errors: ErrNotSupported or
 // ErrInvalidValue where the device has no VMM.
-func (d *CUDADevice) AllocationGranularity() (uint64, error) {
+func (d *Device) AllocationGranularity() (uint64, error) {
 	if g := d.gran.Load(); g != 0 {
 		return g, nil
 	}
@@ -98,9 +100,9 @@ func (d *CUDADevice) AllocationGranularity() (uint64, error) {
 // driver chooses (cuMemAddressReserve, flags 0). size must be a multiple
 // of the granularity. Errors: ErrInvalidValue for a bad size or alignment,
 // ErrOutOfMemory when no such range is free.
-func (d *CUDADevice) AddressReserve(size, alignment uint64) (uintptr, error) {
+func (d *Device) AddressReserve(size, alignment uint64) (uintptr, error) {
 	var p uintptr // CUdeviceptr
-	err := d.do(CallAddressReserve, &d.drv.cuMemAddressReserve,
+	err := d.do(device.CallAddressReserve, &d.drv.cuMemAddressReserve,
 		uintptr(unsafe.Pointer(&p)), uintptr(size), uintptr(alignment), 0, 0)
 	return p, err
 }
@@ -108,52 +110,52 @@ func (d *CUDADevice) AddressReserve(size, alignment uint64) (uintptr, error) {
 // AddressFree releases a whole reservation made by AddressReserve
 // (cuMemAddressFree); nothing may be mapped in it. Errors: ErrInvalidValue
 // for a range that is not exactly one reservation.
-func (d *CUDADevice) AddressFree(ptr uintptr, size uint64) error {
-	return d.do(CallAddressFree, &d.drv.cuMemAddressFree, ptr, uintptr(size))
+func (d *Device) AddressFree(ptr uintptr, size uint64) error {
+	return d.do(device.CallAddressFree, &d.drv.cuMemAddressFree, ptr, uintptr(size))
 }
 
 // MemCreate allocates size bytes of physical memory on this device, a
 // multiple of the granularity (cuMemCreate: CU_MEM_ALLOCATION_TYPE_PINNED,
 // CU_MEM_LOCATION_TYPE_DEVICE, no shareable handle, flags 0). Errors:
 // ErrInvalidValue for a bad size, ErrOutOfMemory.
-func (d *CUDADevice) MemCreate(size uint64) (MemHandle, error) {
+func (d *Device) MemCreate(size uint64) (device.MemHandle, error) {
 	prop := d.pinnedProp()
 	var h uint64 // CUmemGenericAllocationHandle (unsigned long long)
-	err := d.do(CallMemCreate, &d.drv.cuMemCreate,
+	err := d.do(device.CallMemCreate, &d.drv.cuMemCreate,
 		uintptr(unsafe.Pointer(&h)), uintptr(size), uintptr(unsafe.Pointer(&prop)), 0)
-	return MemHandle(h), err
+	return device.MemHandle(h), err
 }
 
 // MemRelease releases a handle from MemCreate (cuMemRelease); the memory
 // is freed once it is also unmapped everywhere. Errors: ErrInvalidValue
 // for an unknown handle.
-func (d *CUDADevice) MemRelease(h MemHandle) error {
-	return d.do(CallMemRelease, &d.drv.cuMemRelease, uintptr(h))
+func (d *Device) MemRelease(h device.MemHandle) error {
+	return d.do(device.CallMemRelease, &d.drv.cuMemRelease, uintptr(h))
 }
 
 // MemMap maps the whole of physical allocation h, size bytes from offset
 // 0, at ptr inside a reservation (cuMemMap, flags 0). Access must then be
 // granted with MemSetAccess. Errors: ErrInvalidValue for a range outside a
 // reservation, already mapped, or of another size than h.
-func (d *CUDADevice) MemMap(ptr uintptr, size uint64, h MemHandle) error {
-	return d.do(CallMemMap, &d.drv.cuMemMap, ptr, uintptr(size), 0, uintptr(h), 0)
+func (d *Device) MemMap(ptr uintptr, size uint64, h device.MemHandle) error {
+	return d.do(device.CallMemMap, &d.drv.cuMemMap, ptr, uintptr(size), 0, uintptr(h), 0)
 }
 
 // MemUnmap unmaps [ptr, ptr+size) (cuMemUnmap). It does not wait for the
 // GPU: the caller must know no work still uses the range. Errors:
 // ErrInvalidValue for a range that is not mapped as whole allocations.
-func (d *CUDADevice) MemUnmap(ptr uintptr, size uint64) error {
-	return d.do(CallMemUnmap, &d.drv.cuMemUnmap, ptr, uintptr(size))
+func (d *Device) MemUnmap(ptr uintptr, size uint64) error {
+	return d.do(device.CallMemUnmap, &d.drv.cuMemUnmap, ptr, uintptr(size))
 }
 
 // MemSetAccess grants this device read-write access to the mapped range
 // [ptr, ptr+size) (cuMemSetAccess with one CUmemAccessDesc:
 // CU_MEM_LOCATION_TYPE_DEVICE, this device, PROT_READWRITE). Errors:
 // ErrInvalidValue for a range not wholly mapped.
-func (d *CUDADevice) MemSetAccess(ptr uintptr, size uint64) error {
+func (d *Device) MemSetAccess(ptr uintptr, size uint64) error {
 	desc := cuMemAccessDesc{
 		location: cuMemLocation{typ: cuMemLocationDevice, id: d.dev},
 		flags:    cuMemAccessReadWrite,
 	}
-	return d.do(CallMemSetAccess, &d.drv.cuMemSetAccess, ptr, uintptr(size), uintptr(unsafe.Pointer(&desc)), 1)
+	return d.do(device.CallMemSetAccess, &d.drv.cuMemSetAccess, ptr, uintptr(size), uintptr(unsafe.Pointer(&desc)), 1)
 }

@@ -1,4 +1,4 @@
-package device
+package sim
 
 // The simulated virtual address space of one process.
 //

@@ -1,6 +1,6 @@
-package device
+package cuda
 
-// CUDADevice: the Device interface over the CUDA driver API.
+// Device: the Device interface over the CUDA driver API.
 //
 // # Contexts and threads
 //
@@ -8,7 +8,7 @@ package device
 // call below acts on the context at the top of the calling thread's stack.
 // Goroutines move between OS threads, and the thread a goroutine runs on
 // may already have a context current that belongs to someone else: cgo
-// code, gorgonia.org/cu, or another CUDADevice. So every method
+// code, gorgonia.org/cu, or another Device. So every method
 //
 //  1. locks its goroutine to its OS thread (runtime.LockOSThread; nested
 //     locks are counted, so a caller's own lock survives),
@@ -33,12 +33,12 @@ package device
 //
 // # Ownership
 //
-// CUDA retains the device's primary context (cuDevicePrimaryCtxRetain),
+// Open retains the device's primary context (cuDevicePrimaryCtxRetain),
 // the context the CUDA runtime and most libraries share; Close releases
 // that reference (cuDevicePrimaryCtxRelease_v2). The primary context is one
-// per device per process, so two CUDADevices for one ordinal share it, and
+// per device per process, so two Devices for one ordinal share it, and
 // devices of different ordinals are used side by side, each call pushing
-// its own. CUDAWithContext borrows a context the caller made; Close then
+// its own. WithContext borrows a context the caller made; Close then
 // leaves it alone. Close frees no memory, streams or events: they belong to
 // the context, and the caller frees them before the context goes.
 //
@@ -57,9 +57,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/gpumem/tlsf/device"
 )
 
-// CUDADevice is one GPU driven through the CUDA driver API (libcuda.so.1,
+// Device is one GPU driven through the CUDA driver API (libcuda.so.1,
 // loaded at run time with purego). It implements Device; device pointers
 // are CUdeviceptr values and sizes are bytes.
 //
@@ -68,7 +70,7 @@ import (
 // (see the file comment for why, and the cost: three C calls, ≈ 1.2 µs).
 // After Close every method that calls the driver fails with an error
 // wrapping ErrInvalidValue.
-type CUDADevice struct {
+type Device struct {
 	drv     *cuDriver
 	ordinal int
 	dev     int32   // CUdevice
@@ -86,13 +88,13 @@ type CUDADevice struct {
 	memPool     uintptr   // CUmemoryPool; valid when memPoolErr is nil
 	memPoolErr  error
 
-	counts [NumCalls]atomic.Uint64
+	counts [device.NumCalls]atomic.Uint64
 
 	mu     sync.RWMutex // read-held by each driver call, write-held by Close
 	closed bool
 }
 
-var _ Device = (*CUDADevice)(nil)
+var _ device.Device = (*Device)(nil)
 
 // CUDA opens device ordinal (0-based) on its primary context, retained
 // with cuDevicePrimaryCtxRetain and released by Close. It loads and
@@ -102,7 +104,7 @@ var _ Device = (*CUDADevice)(nil)
 // point, or cuInit fails (the message names the library and the reason);
 // ErrNoDevice when no device has that ordinal; otherwise the *Error of the
 // failing driver call. Safe for concurrent use.
-func CUDA(ordinal int) (*CUDADevice, error) {
+func Open(ordinal int) (*Device, error) {
 	drv, dev, err := cuDeviceAt(ordinal)
 	if err != nil {
 		return nil, err
@@ -111,7 +113,7 @@ func CUDA(ordinal int) (*CUDADevice, error) {
 	if r := drv.cuDevicePrimaryCtxRetain.call(uintptr(unsafe.Pointer(&ctx)), uintptr(dev)); r != cudaSuccess {
 		return nil, drv.error(&drv.cuDevicePrimaryCtxRetain, r)
 	}
-	d, err := newCUDADevice(drv, ordinal, dev, ctx, true)
+	d, err := newDevice(drv, ordinal, dev, ctx, true)
 	if err != nil {
 		drv.cuDevicePrimaryCtxRelease.call(uintptr(dev))
 		return nil, err
@@ -119,22 +121,22 @@ func CUDA(ordinal int) (*CUDADevice, error) {
 	return d, nil
 }
 
-// CUDAWithContext opens device ordinal on ctx, a CUcontext the caller made
+// WithContext opens device ordinal on ctx, a CUcontext the caller made
 // (with cgo, gorgonia.org/cu or any other binding) and keeps alive until
 // after Close; Close does not destroy it. The context must belong to the
-// device: CUDAWithContext checks with cuCtxGetDevice.
+// cuda: WithContext checks with cuCtxGetDevice.
 //
 // Errors: as for CUDA, and ErrInvalidValue when ctx is 0 or belongs to
 // another device. Safe for concurrent use.
-func CUDAWithContext(ordinal int, ctx uintptr) (*CUDADevice, error) {
+func WithContext(ordinal int, ctx uintptr) (*Device, error) {
 	drv, dev, err := cuDeviceAt(ordinal)
 	if err != nil {
 		return nil, err
 	}
 	if ctx == 0 {
-		return nil, fmt.Errorf("device: CUDAWithContext(%d): nil context: %w", ordinal, ErrInvalidValue)
+		return nil, fmt.Errorf("cuda: WithContext(%d): nil context: %w", ordinal, device.ErrInvalidValue)
 	}
-	d, err := newCUDADevice(drv, ordinal, dev, ctx, false)
+	d, err := newDevice(drv, ordinal, dev, ctx, false)
 	if err != nil {
 		return nil, err
 	}
@@ -143,8 +145,8 @@ func CUDAWithContext(ordinal int, ctx uintptr) (*CUDADevice, error) {
 		return nil, err
 	}
 	if ctxDev != dev {
-		return nil, fmt.Errorf("device: CUDAWithContext(%d): context belongs to CUdevice %d, not %d: %w",
-			ordinal, ctxDev, dev, ErrInvalidValue)
+		return nil, fmt.Errorf("cuda: WithContext(%d): context belongs to CUdevice %d, not %d: %w",
+			ordinal, ctxDev, dev, device.ErrInvalidValue)
 	}
 	return d, nil
 }
@@ -157,7 +159,7 @@ func cuDeviceAt(ordinal int) (*cuDriver, int32, error) {
 		return nil, 0, err
 	}
 	if ordinal < 0 || ordinal > math.MaxInt32 {
-		return nil, 0, fmt.Errorf("device: CUDA ordinal %d: %w", ordinal, ErrNoDevice)
+		return nil, 0, fmt.Errorf("device: CUDA ordinal %d: %w", ordinal, device.ErrNoDevice)
 	}
 	var dev int32
 	if r := drv.cuDeviceGet.call(uintptr(unsafe.Pointer(&dev)), uintptr(ordinal)); r != cudaSuccess {
@@ -166,11 +168,11 @@ func cuDeviceAt(ordinal int) (*cuDriver, int32, error) {
 	return drv, dev, nil
 }
 
-// newCUDADevice reads the attributes the Device methods report without a
+// newDevice reads the attributes the Device methods report without a
 // driver call (cuDeviceGetName, cuDeviceGetAttribute; neither needs a
 // context).
-func newCUDADevice(drv *cuDriver, ordinal int, dev int32, ctx uintptr, owned bool) (*CUDADevice, error) {
-	d := &CUDADevice{drv: drv, ordinal: ordinal, dev: dev, ctx: ctx, owned: owned}
+func newDevice(drv *cuDriver, ordinal int, dev int32, ctx uintptr, owned bool) (*Device, error) {
+	d := &Device{drv: drv, ordinal: ordinal, dev: dev, ctx: ctx, owned: owned}
 	var buf [cuDeviceNameBufferBytes]byte
 	if r := drv.cuDeviceGetName.call(uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), uintptr(dev)); r != cudaSuccess {
 		return nil, drv.error(&drv.cuDeviceGetName, r)
@@ -190,7 +192,7 @@ func newCUDADevice(drv *cuDriver, ordinal int, dev int32, ctx uintptr, owned boo
 }
 
 // attribute is cuDeviceGetAttribute(attr) for this device.
-func (d *CUDADevice) attribute(attr int) (int32, error) {
+func (d *Device) attribute(attr int) (int32, error) {
 	var v int32
 	r := d.drv.cuDeviceGetAttribute.call(uintptr(unsafe.Pointer(&v)), uintptr(attr), uintptr(d.dev))
 	return v, d.drv.check(&d.drv.cuDeviceGetAttribute, r)
@@ -198,7 +200,7 @@ func (d *CUDADevice) attribute(attr int) (int32, error) {
 
 // callInternal marks driver calls made for the package's own bookkeeping;
 // they are not counted.
-const callInternal Call = -1
+const callInternal device.Call = -1
 
 // exec makes one driver call s(args...) on a locked OS thread with d's
 // context pushed, and returns its CUresult. err is non-nil when d is closed
@@ -206,7 +208,7 @@ const callInternal Call = -1
 // unless the call was made. Pointer arguments follow cuSym.call's rule.
 //
 //go:uintptrescapes
-func (d *CUDADevice) exec(c Call, s *cuSym, args ...uintptr) (r int32, err error) {
+func (d *Device) exec(c device.Call, s *cuSym, args ...uintptr) (r int32, err error) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	if d.closed {
@@ -232,7 +234,7 @@ func (d *CUDADevice) exec(c Call, s *cuSym, args ...uintptr) (r int32, err error
 // do is exec with the call's CUresult turned into an *Error.
 //
 //go:uintptrescapes
-func (d *CUDADevice) do(c Call, s *cuSym, args ...uintptr) error {
+func (d *Device) do(c device.Call, s *cuSym, args ...uintptr) error {
 	r, err := d.exec(c, s, args...)
 	if r != cudaSuccess {
 		return errors.Join(d.drv.error(s, r), err)
@@ -241,23 +243,23 @@ func (d *CUDADevice) do(c Call, s *cuSym, args ...uintptr) error {
 }
 
 // Ordinal returns the device's index among the driver's devices (0-based).
-func (d *CUDADevice) Ordinal() int { return d.ordinal }
+func (d *Device) Ordinal() int { return d.ordinal }
 
 // Name returns the device's name (cuDeviceGetName, read when opened), e.g.
 // "NVIDIA H200".
-func (d *CUDADevice) Name() string { return d.name }
+func (d *Device) Name() string { return d.name }
 
 // Context returns the CUcontext the device's calls run in, for use with
 // other bindings. It stays valid until Close (primary context) or for as
-// long as its owner keeps it (CUDAWithContext).
-func (d *CUDADevice) Context() uintptr { return d.ctx }
+// long as its owner keeps it (WithContext).
+func (d *Device) Context() uintptr { return d.ctx }
 
 // Counts returns how many driver calls of each kind the device's methods
 // have made (calls that failed included, calls after Close excluded).
 // Safe for concurrent use; the counts are read one by one, not as a
 // snapshot.
-func (d *CUDADevice) Counts() Counts {
-	var c Counts
+func (d *Device) Counts() device.Counts {
+	var c device.Counts
 	for k := range d.counts {
 		c[k] = d.counts[k].Load()
 	}
@@ -267,36 +269,36 @@ func (d *CUDADevice) Counts() Counts {
 // VMMSupported reports whether the device supports virtual memory
 // management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, read
 // when opened).
-func (d *CUDADevice) VMMSupported() bool { return d.vmm }
+func (d *Device) VMMSupported() bool { return d.vmm }
 
 // TexturePitchAlignment returns the pitch alignment in bytes for textures
 // bound to pitched memory (CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT,
 // read when opened; 32 on Hopper). MemAllocPitch rounds pitches to a larger
 // multiple (512 bytes).
-func (d *CUDADevice) TexturePitchAlignment() uint64 { return d.pitchAlign }
+func (d *Device) TexturePitchAlignment() uint64 { return d.pitchAlign }
 
 // MemGetInfo returns the free and total device memory in bytes
 // (cuMemGetInfo_v2). Errors: the *Error of the call.
-func (d *CUDADevice) MemGetInfo() (free, total uint64, err error) {
+func (d *Device) MemGetInfo() (free, total uint64, err error) {
 	var f, t uintptr // size_t
-	err = d.do(CallMemGetInfo, &d.drv.cuMemGetInfo, uintptr(unsafe.Pointer(&f)), uintptr(unsafe.Pointer(&t)))
+	err = d.do(device.CallMemGetInfo, &d.drv.cuMemGetInfo, uintptr(unsafe.Pointer(&f)), uintptr(unsafe.Pointer(&t)))
 	return uint64(f), uint64(t), err
 }
 
 // MemAlloc allocates size bytes of linear device memory (cuMemAlloc_v2),
 // aligned to at least 256 bytes. Errors: ErrInvalidValue for size 0,
 // ErrOutOfMemory when the device cannot satisfy the request.
-func (d *CUDADevice) MemAlloc(size uint64) (uintptr, error) {
+func (d *Device) MemAlloc(size uint64) (uintptr, error) {
 	var p uintptr // CUdeviceptr
-	err := d.do(CallMemAlloc, &d.drv.cuMemAlloc, uintptr(unsafe.Pointer(&p)), uintptr(size))
+	err := d.do(device.CallMemAlloc, &d.drv.cuMemAlloc, uintptr(unsafe.Pointer(&p)), uintptr(size))
 	return p, err
 }
 
 // MemFree frees memory from MemAlloc or MemAllocPitch (cuMemFree_v2); the
 // driver waits for work using it to finish. Errors: ErrInvalidValue for a
 // pointer the driver did not allocate.
-func (d *CUDADevice) MemFree(ptr uintptr) error {
-	return d.do(CallMemFree, &d.drv.cuMemFree, ptr)
+func (d *Device) MemFree(ptr uintptr) error {
+	return d.do(device.CallMemFree, &d.drv.cuMemFree, ptr)
 }
 
 // MemAllocPitch allocates height rows of at least widthBytes bytes each
@@ -304,9 +306,9 @@ func (d *CUDADevice) MemFree(ptr uintptr) error {
 // a multiple of 512 on current GPUs (4 → 512, 2052 → 2560). elementSize is
 // 4, 8 or 16 bytes. Errors: ErrInvalidValue for a zero width or height or
 // another element size, ErrOutOfMemory.
-func (d *CUDADevice) MemAllocPitch(widthBytes, height uint64, elementSize uint32) (ptr uintptr, pitch uint64, err error) {
+func (d *Device) MemAllocPitch(widthBytes, height uint64, elementSize uint32) (ptr uintptr, pitch uint64, err error) {
 	var p, pt uintptr // CUdeviceptr, size_t
-	err = d.do(CallMemAllocPitch, &d.drv.cuMemAllocPitch,
+	err = d.do(device.CallMemAllocPitch, &d.drv.cuMemAllocPitch,
 		uintptr(unsafe.Pointer(&p)), uintptr(unsafe.Pointer(&pt)),
 		uintptr(widthBytes), uintptr(height), uintptr(elementSize))
 	return p, uint64(pt), err
@@ -314,56 +316,56 @@ func (d *CUDADevice) MemAllocPitch(widthBytes, height uint64, elementSize uint32
 
 // StreamCreate creates a stream that does not synchronise with the legacy
 // default stream (cuStreamCreate, CU_STREAM_NON_BLOCKING).
-func (d *CUDADevice) StreamCreate() (Stream, error) {
+func (d *Device) StreamCreate() (device.Stream, error) {
 	var s uintptr // CUstream
-	err := d.do(CallStreamCreate, &d.drv.cuStreamCreate, uintptr(unsafe.Pointer(&s)), cuStreamNonBlocking)
-	return Stream(s), err
+	err := d.do(device.CallStreamCreate, &d.drv.cuStreamCreate, uintptr(unsafe.Pointer(&s)), cuStreamNonBlocking)
+	return device.Stream(s), err
 }
 
 // StreamDestroy destroys s once its queued work is done
 // (cuStreamDestroy_v2); the call itself does not wait.
-func (d *CUDADevice) StreamDestroy(s Stream) error {
-	return d.do(CallStreamDestroy, &d.drv.cuStreamDestroy, uintptr(s))
+func (d *Device) StreamDestroy(s device.Stream) error {
+	return d.do(device.CallStreamDestroy, &d.drv.cuStreamDestroy, uintptr(s))
 }
 
 // StreamSynchronize waits until all work queued on s is done
 // (cuStreamSynchronize). Errors include those of earlier asynchronous work.
-func (d *CUDADevice) StreamSynchronize(s Stream) error {
-	return d.do(CallStreamSynchronize, &d.drv.cuStreamSynchronize, uintptr(s))
+func (d *Device) StreamSynchronize(s device.Stream) error {
+	return d.do(device.CallStreamSynchronize, &d.drv.cuStreamSynchronize, uintptr(s))
 }
 
 // StreamWaitEvent makes work queued on s after this call wait until the
 // work before e's last record is done (cuStreamWaitEvent, flags 0). It
 // does not block the host.
-func (d *CUDADevice) StreamWaitEvent(s Stream, e Event) error {
-	return d.do(CallStreamWaitEvent, &d.drv.cuStreamWaitEvent, uintptr(s), uintptr(e), 0)
+func (d *Device) StreamWaitEvent(s device.Stream, e device.Event) error {
+	return d.do(device.CallStreamWaitEvent, &d.drv.cuStreamWaitEvent, uintptr(s), uintptr(e), 0)
 }
 
 // EventCreate creates an event with timing disabled (cuEventCreate,
 // CU_EVENT_DISABLE_TIMING), the cheapest kind to record and query.
-func (d *CUDADevice) EventCreate() (Event, error) {
+func (d *Device) EventCreate() (device.Event, error) {
 	var e uintptr // CUevent
-	err := d.do(CallEventCreate, &d.drv.cuEventCreate, uintptr(unsafe.Pointer(&e)), cuEventDisableTiming)
-	return Event(e), err
+	err := d.do(device.CallEventCreate, &d.drv.cuEventCreate, uintptr(unsafe.Pointer(&e)), cuEventDisableTiming)
+	return device.Event(e), err
 }
 
 // EventDestroy destroys e (cuEventDestroy_v2); a pending record completes
 // regardless.
-func (d *CUDADevice) EventDestroy(e Event) error {
-	return d.do(CallEventDestroy, &d.drv.cuEventDestroy, uintptr(e))
+func (d *Device) EventDestroy(e device.Event) error {
+	return d.do(device.CallEventDestroy, &d.drv.cuEventDestroy, uintptr(e))
 }
 
 // EventRecord records e on s (cuEventRecord): e completes when the work
 // queued on s before this call is done.
-func (d *CUDADevice) EventRecord(e Event, s Stream) error {
-	return d.do(CallEventRecord, &d.drv.cuEventRecord, uintptr(e), uintptr(s))
+func (d *Device) EventRecord(e device.Event, s device.Stream) error {
+	return d.do(device.CallEventRecord, &d.drv.cuEventRecord, uintptr(e), uintptr(s))
 }
 
 // EventQuery reports whether the work before e's last record is done
 // (cuEventQuery): CUDA_SUCCESS gives true, CUDA_ERROR_NOT_READY gives
 // false and no error. An event never recorded is done.
-func (d *CUDADevice) EventQuery(e Event) (done bool, err error) {
-	r, err := d.exec(CallEventQuery, &d.drv.cuEventQuery, uintptr(e))
+func (d *Device) EventQuery(e device.Event) (done bool, err error) {
+	r, err := d.exec(device.CallEventQuery, &d.drv.cuEventQuery, uintptr(e))
 	switch {
 	case err != nil && r == cudaSuccess:
 		return false, err
@@ -377,21 +379,21 @@ func (d *CUDADevice) EventQuery(e Event) (done bool, err error) {
 
 // EventSynchronize blocks the calling goroutine (and its OS thread) until
 // the work before e's last record is done (cuEventSynchronize).
-func (d *CUDADevice) EventSynchronize(e Event) error {
-	return d.do(CallEventSynchronize, &d.drv.cuEventSynchronize, uintptr(e))
+func (d *Device) EventSynchronize(e device.Event) error {
+	return d.do(device.CallEventSynchronize, &d.drv.cuEventSynchronize, uintptr(e))
 }
 
 // MemsetD32 sets n 32-bit words at ptr to value (cuMemsetD32_v2); ptr must
 // be 4-byte aligned. It is ordered on the legacy default stream and, for
 // device memory, may return before the memset is done. Errors:
 // ErrInvalidValue for a bad pointer or range.
-func (d *CUDADevice) MemsetD32(ptr uintptr, value uint32, n uint64) error {
-	return d.do(CallMemsetD32, &d.drv.cuMemsetD32, ptr, uintptr(value), uintptr(n))
+func (d *Device) MemsetD32(ptr uintptr, value uint32, n uint64) error {
+	return d.do(device.CallMemsetD32, &d.drv.cuMemsetD32, ptr, uintptr(value), uintptr(n))
 }
 
 // MemsetD32Async is MemsetD32 queued on stream s (cuMemsetD32Async).
-func (d *CUDADevice) MemsetD32Async(ptr uintptr, value uint32, n uint64, s Stream) error {
-	return d.do(CallMemsetD32Async, &d.drv.cuMemsetD32Async, ptr, uintptr(value), uintptr(n), uintptr(s))
+func (d *Device) MemsetD32Async(ptr uintptr, value uint32, n uint64, s device.Stream) error {
+	return d.do(device.CallMemsetD32Async, &d.drv.cuMemsetD32Async, ptr, uintptr(value), uintptr(n), uintptr(s))
 }
 
 // MemcpyDtoH copies len(dst) bytes from device address src into dst
@@ -399,7 +401,7 @@ func (d *CUDADevice) MemsetD32Async(ptr uintptr, value uint32, n uint64, s Strea
 // it waits for earlier work there but not for work on non-blocking
 // streams; it returns once dst holds the data. An empty dst makes no
 // driver call. Errors: ErrInvalidValue for a bad source range.
-func (d *CUDADevice) MemcpyDtoH(dst []byte, src uintptr) error {
+func (d *Device) MemcpyDtoH(dst []byte, src uintptr) error {
 	if len(dst) == 0 {
 		return nil
 	}
@@ -411,16 +413,16 @@ func (d *CUDADevice) MemcpyDtoH(dst []byte, src uintptr) error {
 	var pin runtime.Pinner
 	pin.Pin(&dst[0])
 	defer pin.Unpin()
-	return d.do(CallMemcpyDtoH, &d.drv.cuMemcpyDtoH, uintptr(unsafe.Pointer(&dst[0])), src, uintptr(len(dst)))
+	return d.do(device.CallMemcpyDtoH, &d.drv.cuMemcpyDtoH, uintptr(unsafe.Pointer(&dst[0])), src, uintptr(len(dst)))
 }
 
 // Close releases the primary context retained by CUDA
-// (cuDevicePrimaryCtxRelease_v2); for CUDAWithContext it releases nothing.
+// (cuDevicePrimaryCtxRelease_v2); for WithContext it releases nothing.
 // It waits for method calls in flight; later calls fail. Memory, streams
 // and events the caller made are not freed; when the last reference to the
 // primary context goes, the driver destroys it and them. A second Close
 // returns nil. Errors: the *Error of the release.
-func (d *CUDADevice) Close() error {
+func (d *Device) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -434,6 +436,6 @@ func (d *CUDADevice) Close() error {
 }
 
 // String describes the device, e.g. `CUDA device 0 "NVIDIA H200"`.
-func (d *CUDADevice) String() string {
+func (d *Device) String() string {
 	return fmt.Sprintf("CUDA device %d %q", d.ordinal, d.name)
 }

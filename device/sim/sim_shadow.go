@@ -1,6 +1,6 @@
-package device
+package sim
 
-// Memory contents (SimConfig.Shadow) and the calls that touch them:
+// Memory contents (Config.Shadow) and the calls that touch them:
 // cuMemsetD32, cuMemsetD32Async, cuMemcpyDtoH.
 //
 // The only writes a Device can make are 32-bit fills at 4-byte aligned
@@ -10,7 +10,7 @@ package device
 // byte offsets, each filled with one 32-bit word, with offsets that are
 // multiples of 4. Byte x of a segment filled with v is byte x%4 of v,
 // little-endian. Bytes in no segment were never written and read as
-// SimUninitialized. A fill replaces what it covers, trims what it
+// Uninitialized. A fill replaces what it covers, trims what it
 // touches, and merges with equal neighbours, so a pool's many-GiB blocks
 // cost a few segments.
 
@@ -19,6 +19,8 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+
+	"github.com/gpumem/tlsf/device"
 )
 
 // simSeg is bytes [lo, hi) filled with word v.
@@ -77,14 +79,14 @@ func (m *simShadow) read(dst []byte, off uint64) {
 	for ; i < len(m.segs) && m.segs[i].lo < end && at < end; i++ {
 		sg := m.segs[i]
 		if sg.lo > at {
-			simPattern(dst[at-off:sg.lo-off], at, SimUninitialized)
+			simPattern(dst[at-off:sg.lo-off], at, Uninitialized)
 			at = sg.lo
 		}
 		hi := min(sg.hi, end)
 		simPattern(dst[at-off:hi-off], at, sg.v)
 		at = hi
 	}
-	simPattern(dst[at-off:], at, SimUninitialized)
+	simPattern(dst[at-off:], at, Uninitialized)
 }
 
 // check verifies the representation's invariants for an allocation of
@@ -123,7 +125,7 @@ func simPattern(dst []byte, off uint64, v uint32) {
 }
 
 // write fills the live spans with word v, if contents are kept.
-func (s *Sim) write(spans []simSpan, v uint32) {
+func (s *Device) write(spans []simSpan, v uint32) {
 	if !s.cfg.Shadow {
 		return
 	}
@@ -135,12 +137,12 @@ func (s *Sim) write(spans []simSpan, v uint32) {
 }
 
 // memsetSpans validates a memset of n words at ptr for call c.
-func (s *Sim) memsetSpans(c Call, ptr uintptr, n uint64) ([]simSpan, uint64, error) {
+func (s *Device) memsetSpans(c device.Call, ptr uintptr, n uint64) ([]simSpan, uint64, error) {
 	if ptr%4 != 0 {
-		return nil, 0, simErr(c, ErrInvalidValue, "%#x is not 4-byte aligned", ptr)
+		return nil, 0, simErr(c, device.ErrInvalidValue, "%#x is not 4-byte aligned", ptr)
 	}
 	if n > (1<<64-1)/4 {
-		return nil, 0, simErr(c, ErrInvalidValue, "%d words overflow", n)
+		return nil, 0, simErr(c, device.ErrInvalidValue, "%d words overflow", n)
 	}
 	spans, err := s.resolve(c, ptr, 4*n)
 	return spans, 4 * n, err
@@ -149,7 +151,7 @@ func (s *Sim) memsetSpans(c Call, ptr uintptr, n uint64) ([]simSpan, uint64, err
 // syncDefault waits for the work issued on the default stream, as host-
 // synchronous calls on the legacy default stream do; it lifts a hold on
 // the default stream if there is work to wait for.
-func (s *Sim) syncDefault() {
+func (s *Device) syncDefault() {
 	def := s.streams[0]
 	s.complete(def, func() bool { return len(def.queue) == 0 })
 	s.host.join(def.clock)
@@ -162,8 +164,8 @@ func (s *Sim) syncDefault() {
 // aligned, or 4n overflowing, is ErrInvalidValue; any byte of
 // [ptr, ptr+4n) not allocated, not mapped, or mapped without access is
 // ErrIllegalAddress. n = 0 does nothing.
-func (s *Sim) MemsetD32(ptr uintptr, value uint32, n uint64) error {
-	const c = CallMemsetD32
+func (s *Device) MemsetD32(ptr uintptr, value uint32, n uint64) error {
+	const c = device.CallMemsetD32
 	return s.do(c, func() (uint64, error) {
 		spans, bytes, err := s.memsetSpans(c, ptr, n)
 		if err != nil {
@@ -183,8 +185,8 @@ func (s *Sim) MemsetD32(ptr uintptr, value uint32, n uint64) error {
 // unmapped before it runs, that is a violation and the write is dropped.
 // Errors: as MemsetD32, and an unknown or destroyed stream is
 // ErrInvalidValue.
-func (s *Sim) MemsetD32Async(ptr uintptr, value uint32, n uint64, h Stream) error {
-	const c = CallMemsetD32Async
+func (s *Device) MemsetD32Async(ptr uintptr, value uint32, n uint64, h device.Stream) error {
+	const c = device.CallMemsetD32Async
 	return s.do(c, func() (uint64, error) {
 		st, err := s.stream(c, h)
 		if err != nil {
@@ -201,12 +203,12 @@ func (s *Sim) MemsetD32Async(ptr uintptr, value uint32, n uint64, h Stream) erro
 
 // MemcpyDtoH copies len(dst) bytes at device address src into dst
 // (cuMemcpyDtoH_v2), after waiting for work on the default stream. Without
-// Shadow every byte reads as SimUninitialized. Reading bytes that queued
+// Shadow every byte reads as Uninitialized. Reading bytes that queued
 // work on a held stream will write records a race (Violations). Errors:
 // any byte of [src, src+len(dst)) not allocated, not mapped, or mapped
 // without access is ErrIllegalAddress, and dst is left unchanged.
-func (s *Sim) MemcpyDtoH(dst []byte, src uintptr) error {
-	const c = CallMemcpyDtoH
+func (s *Device) MemcpyDtoH(dst []byte, src uintptr) error {
+	const c = device.CallMemcpyDtoH
 	return s.do(c, func() (uint64, error) {
 		spans, err := s.resolve(c, src, uint64(len(dst)))
 		if err != nil {
@@ -220,7 +222,7 @@ func (s *Sim) MemcpyDtoH(dst []byte, src uintptr) error {
 			if s.cfg.Shadow {
 				sp.ph.mem.read(part, sp.off)
 			} else {
-				simPattern(part, sp.off, SimUninitialized)
+				simPattern(part, sp.off, Uninitialized)
 			}
 			at += int(sp.n)
 		}

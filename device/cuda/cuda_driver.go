@@ -1,4 +1,4 @@
-package device
+package cuda
 
 // Loading the CUDA driver at run time.
 //
@@ -22,13 +22,13 @@ package device
 // truncates it to int32 before comparing.
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+	"github.com/gpumem/tlsf/device"
 )
 
 // libcudaName is the driver's soname. The unversioned libcuda.so is a
@@ -215,7 +215,7 @@ func cuLoad() (*cuDriver, error) {
 func cuOpen(path string) (*cuDriver, error) {
 	lib, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
 	if err != nil {
-		return nil, fmt.Errorf("%w: dlopen %s: %v", ErrNoDriver, path, err)
+		return nil, fmt.Errorf("%w: dlopen %s: %v", device.ErrNoDriver, path, err)
 	}
 	d := &cuDriver{lib: lib}
 	var missing []string
@@ -236,18 +236,18 @@ func cuOpen(path string) (*cuDriver, error) {
 		// The handle stays open: a library whose constructors ran may not
 		// expect to be unloaded, and this happens once per process.
 		return nil, fmt.Errorf("%w: %s lacks %s (driver too old, or not the CUDA driver)",
-			ErrNoDriver, path, strings.Join(missing, ", "))
+			device.ErrNoDriver, path, strings.Join(missing, ", "))
 	}
 	if r := d.cuInit.call(cuInitFlags); r != cudaSuccess {
-		return nil, fmt.Errorf("%w: %s: %w", ErrNoDriver, path, d.error(&d.cuInit, r))
+		return nil, fmt.Errorf("%w: %s: %w", device.ErrNoDriver, path, d.error(&d.cuInit, r))
 	}
 	return d, nil
 }
 
 // error turns a failed CUresult r of entry point s into an *Error, naming
 // the code with cuGetErrorName (a call that needs no context).
-func (d *cuDriver) error(s *cuSym, r int32) *Error {
-	return &Error{Call: s.name, Code: int(r), Name: d.errorName(r)}
+func (d *cuDriver) error(s *cuSym, r int32) *device.Error {
+	return &device.Error{Call: s.name, Code: int(r), Name: d.errorName(r)}
 }
 
 // errorName is cuGetErrorName(r), or "CUresult(r)" for a code the driver
@@ -316,11 +316,5 @@ func DriverVersion() (int, error) {
 	return int(v), nil
 }
 
-// errCUDAClosed is returned by a CUDADevice's methods after Close.
-var errCUDAClosed = fmt.Errorf("device: CUDA device is closed: %w", ErrInvalidValue)
-
-// isNoGPU reports whether err means there is no GPU to use here: no
-// driver, or no device at the ordinal.
-func isNoGPU(err error) bool {
-	return errors.Is(err, ErrNoDriver) || errors.Is(err, ErrNoDevice)
-}
+// errCUDAClosed is returned by a Device's methods after Close.
+var errCUDAClosed = fmt.Errorf("device: CUDA device is closed: %w", device.ErrInvalidValue)

@@ -1,27 +1,4 @@
-package device
-
-// The conformance suite: what every Device does, the driver and Sim alike.
-//
-// runConformance drives a Device through its interface alone, so the same
-// function checks the CUDA binding on a real GPU (device/cuda_test.go) and
-// the simulated GPU (sim_test.go). Keeping the two honest against one
-// suite is what lets the pool's CI trust Sim.
-//
-// What it may assume:
-//   - Sizes stay at a few MiB, and everything allocated is freed, so it can
-//     run on a GPU that other tests share.
-//   - Only behaviour CUDA documents, or that the H200 was measured to show,
-//     is asserted exactly (errors.Is on a sentinel). Where the driver's
-//     error code for a misuse is not pinned down, the suite asserts only
-//     that the call fails.
-//   - Nothing that raises a sticky error (CUDA_ERROR_ILLEGAL_ADDRESS
-//     destroys a real context): no accesses to freed or unmapped memory.
-//     Sim's own tests cover those.
-//   - Contents are verified through MemcpyDtoH, so a Sim under test needs
-//     SimConfig.Shadow.
-//   - MemGetInfo is compared before and after an allocation; another
-//     process allocating at the same moment on the same GPU would make that
-//     check flaky, which is accepted.
+package devicetest
 
 import (
 	"encoding/binary"
@@ -31,14 +8,15 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gpumem/tlsf/device"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// runConformance runs the conformance suite against d as subtests. d must
-// keep memory contents (a GPU, or a Sim with Shadow). The VMM subtests
+// Run runs the conformance suite against d as subtests. d must
+// keep memory contents (a GPU, or a simulated device with sim.Config.Shadow). The VMM subtests
 // skip themselves when d.VMMSupported() is false.
-func runConformance(t *testing.T, d Device) {
+func Run(t *testing.T, d device.Device) {
 	t.Helper()
 	t.Run("Info", func(t *testing.T) { confInfo(t, d) })
 	t.Run("LinearAllocFree", func(t *testing.T) { confLinearAllocFree(t, d) })
@@ -63,7 +41,7 @@ const confMiB = 1 << 20
 func confByte(v uint32, i uint64) byte { return byte(v >> (8 * (i % 4))) }
 
 // confRead copies n bytes at ptr back to the host.
-func confRead(t *testing.T, d Device, ptr uintptr, n uint64) []byte {
+func confRead(t *testing.T, d device.Device, ptr uintptr, n uint64) []byte {
 	t.Helper()
 	buf := make([]byte, n)
 	require.NoError(t, d.MemcpyDtoH(buf, ptr))
@@ -83,7 +61,7 @@ func confCheckFill(t *testing.T, got []byte, off uint64, v uint32, what string) 
 
 // confSkipNoVMM skips a VMM subtest on a device without VMM, after checking
 // that the granularity query agrees.
-func confSkipNoVMM(t *testing.T, d Device) uint64 {
+func confSkipNoVMM(t *testing.T, d device.Device) uint64 {
 	t.Helper()
 	if !d.VMMSupported() {
 		t.Skip("device does not support virtual memory management")
@@ -95,7 +73,7 @@ func confSkipNoVMM(t *testing.T, d Device) uint64 {
 	return g
 }
 
-func confInfo(t *testing.T, d Device) {
+func confInfo(t *testing.T, d device.Device) {
 	assert.NotEmpty(t, d.Name())
 	assert.GreaterOrEqual(t, d.Ordinal(), 0)
 	free, total, err := d.MemGetInfo()
@@ -108,7 +86,7 @@ func confInfo(t *testing.T, d Device) {
 	assert.LessOrEqual(t, tpa, uint64(512))
 }
 
-func confLinearAllocFree(t *testing.T, d Device) {
+func confLinearAllocFree(t *testing.T, d device.Device) {
 	const size = 8 * confMiB
 	free0, _, err := d.MemGetInfo()
 	require.NoError(t, err)
@@ -146,21 +124,21 @@ func confLinearAllocFree(t *testing.T, d Device) {
 	}
 }
 
-func confLinearErrors(t *testing.T, d Device) {
+func confLinearErrors(t *testing.T, d device.Device) {
 	_, err := d.MemAlloc(0)
-	assert.ErrorIs(t, err, ErrInvalidValue, "MemAlloc(0)")
+	assert.ErrorIs(t, err, device.ErrInvalidValue, "MemAlloc(0)")
 
 	_, err = d.MemAlloc(1 << 50) // 1 PiB: more than any GPU has
-	assert.ErrorIs(t, err, ErrOutOfMemory, "MemAlloc(1 PiB)")
+	assert.ErrorIs(t, err, device.ErrOutOfMemory, "MemAlloc(1 PiB)")
 
 	p, err := d.MemAlloc(confMiB)
 	require.NoError(t, err)
-	assert.ErrorIs(t, d.MemFree(p+512), ErrInvalidValue, "MemFree of an interior pointer")
+	assert.ErrorIs(t, d.MemFree(p+512), device.ErrInvalidValue, "MemFree of an interior pointer")
 	require.NoError(t, d.MemFree(p))
-	assert.ErrorIs(t, d.MemFree(p), ErrInvalidValue, "double MemFree")
+	assert.ErrorIs(t, d.MemFree(p), device.ErrInvalidValue, "double MemFree")
 }
 
-func confPitch(t *testing.T, d Device) {
+func confPitch(t *testing.T, d device.Device) {
 	// Measured on an H200: pitches are the width rounded up to 512 bytes.
 	// Widths already a multiple of 512 keep their width whatever the
 	// element size.
@@ -190,14 +168,14 @@ func confPitch(t *testing.T, d Device) {
 		})
 	}
 	_, _, err := d.MemAllocPitch(64, 4, 3)
-	assert.ErrorIs(t, err, ErrInvalidValue, "element size 3")
+	assert.ErrorIs(t, err, device.ErrInvalidValue, "element size 3")
 	_, _, err = d.MemAllocPitch(0, 4, 4)
 	assert.Error(t, err, "width 0")
 	_, _, err = d.MemAllocPitch(64, 0, 4)
 	assert.Error(t, err, "height 0")
 }
 
-func confMemsetCopy(t *testing.T, d Device) {
+func confMemsetCopy(t *testing.T, d device.Device) {
 	const size = confMiB + 12
 	p, err := d.MemAlloc(size)
 	require.NoError(t, err)
@@ -226,7 +204,7 @@ func confMemsetCopy(t *testing.T, d Device) {
 	assert.Equal(t, uint32(0x00010203), binary.LittleEndian.Uint32(confRead(t, d, p, 4)))
 }
 
-func confStreamsEvents(t *testing.T, d Device) {
+func confStreamsEvents(t *testing.T, d device.Device) {
 	s, err := d.StreamCreate()
 	require.NoError(t, err)
 	assert.NotZero(t, s, "a created stream is not the default stream")
@@ -256,7 +234,7 @@ func confStreamsEvents(t *testing.T, d Device) {
 	require.NoError(t, d.StreamDestroy(s))
 }
 
-func confTwoStreamsOrdered(t *testing.T, d Device) {
+func confTwoStreamsOrdered(t *testing.T, d device.Device) {
 	const size = 2 * confMiB
 	p, err := d.MemAlloc(size)
 	require.NoError(t, err)
@@ -295,7 +273,7 @@ func confTwoStreamsOrdered(t *testing.T, d Device) {
 	require.NoError(t, d.EventSynchronize(e))
 }
 
-func confConcurrent(t *testing.T, d Device) {
+func confConcurrent(t *testing.T, d device.Device) {
 	const (
 		workers = 4
 		rounds  = 16
@@ -339,7 +317,7 @@ func confConcurrent(t *testing.T, d Device) {
 	}
 }
 
-func confVMM(t *testing.T, d Device) {
+func confVMM(t *testing.T, d device.Device) {
 	g := confSkipNoVMM(t, d)
 	free0, _, err := d.MemGetInfo()
 	require.NoError(t, err)
@@ -394,7 +372,7 @@ func confVMM(t *testing.T, d Device) {
 	assert.GreaterOrEqual(t, free2-free1, 4*g, "released, unmapped memory is free again")
 }
 
-func confVMMReleaseWhileMapped(t *testing.T, d Device) {
+func confVMMReleaseWhileMapped(t *testing.T, d device.Device) {
 	g := confSkipNoVMM(t, d)
 	va, err := d.AddressReserve(g, 0)
 	require.NoError(t, err)
@@ -416,7 +394,7 @@ func confVMMReleaseWhileMapped(t *testing.T, d Device) {
 	require.NoError(t, d.AddressFree(va, g))
 }
 
-func confVMMRemapKeepsContents(t *testing.T, d Device) {
+func confVMMRemapKeepsContents(t *testing.T, d device.Device) {
 	g := confSkipNoVMM(t, d)
 	a, err := d.AddressReserve(g, 0)
 	require.NoError(t, err)
@@ -442,12 +420,12 @@ func confVMMRemapKeepsContents(t *testing.T, d Device) {
 	require.NoError(t, d.AddressFree(b, 2*g))
 }
 
-func confVMMErrors(t *testing.T, d Device) {
+func confVMMErrors(t *testing.T, d device.Device) {
 	g := confSkipNoVMM(t, d)
 	_, err := d.AddressReserve(g+1, 0)
-	assert.ErrorIs(t, err, ErrInvalidValue, "reservation not a multiple of the granularity")
+	assert.ErrorIs(t, err, device.ErrInvalidValue, "reservation not a multiple of the granularity")
 	_, err = d.MemCreate(g + 1)
-	assert.ErrorIs(t, err, ErrInvalidValue, "MemCreate not a multiple of the granularity")
+	assert.ErrorIs(t, err, device.ErrInvalidValue, "MemCreate not a multiple of the granularity")
 
 	va, err := d.AddressReserve(2*g, 0)
 	require.NoError(t, err)
@@ -465,7 +443,7 @@ func confVMMErrors(t *testing.T, d Device) {
 	require.NoError(t, d.AddressFree(va, 2*g))
 }
 
-func confLinearAndVMMDisjoint(t *testing.T, d Device) {
+func confLinearAndVMMDisjoint(t *testing.T, d device.Device) {
 	type rng struct{ lo, hi uint64 }
 	var rs []rng
 	var ptrs []uintptr

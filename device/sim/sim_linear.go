@@ -1,4 +1,4 @@
-package device
+package sim
 
 // Physical allocations, address regions, and linear memory (cuMemAlloc,
 // cuMemAllocPitch, cuMemFree).
@@ -14,19 +14,21 @@ import (
 	"math/bits"
 	"slices"
 	"sort"
+
+	"github.com/gpumem/tlsf/device"
 )
 
 // simPhys is one physical allocation: a linear allocation or a MemCreate
 // handle.
 type simPhys struct {
-	handle   MemHandle // 0 for a linear allocation
-	size     uint64    // bytes of contents: requested size, or handle size
-	charge   uint64    // capacity consumed, bytes
-	maps     int       // live mappings of a handle
-	released bool      // MemRelease was called
-	freed    bool      // the memory is gone
-	async    bool      // from MemAllocAsync: charge counts in the async pool, not in Sim.used
-	mem      simShadow // contents, with SimConfig.Shadow
+	handle   device.MemHandle // 0 for a linear allocation
+	size     uint64           // bytes of contents: requested size, or handle size
+	charge   uint64           // capacity consumed, bytes
+	maps     int              // live mappings of a handle
+	released bool             // MemRelease was called
+	freed    bool             // the memory is gone
+	async    bool             // from MemAllocAsync: charge counts in the async pool, not in Sim.used
+	mem      simShadow        // contents, with Config.Shadow
 }
 
 // simRegion is a linear allocation or a reservation.
@@ -83,12 +85,12 @@ func (sp *simSpan) overlaps(o *simSpan) bool {
 // physical memory. Every byte must be allocated linear memory (within the
 // requested size) or mapped memory with access granted; otherwise the
 // access is ErrIllegalAddress.
-func (s *Sim) resolve(c Call, ptr uintptr, n uint64) ([]simSpan, error) {
+func (s *Device) resolve(c device.Call, ptr uintptr, n uint64) ([]simSpan, error) {
 	if n == 0 {
 		return nil, nil
 	}
 	if n-1 > uint64(^uintptr(0)-ptr) {
-		return nil, simErr(c, ErrIllegalAddress, "[%#x, +%d) wraps around the address space", ptr, n)
+		return nil, simErr(c, device.ErrIllegalAddress, "[%#x, +%d) wraps around the address space", ptr, n)
 	}
 	var spans []simSpan
 	addr, left := ptr, n
@@ -97,20 +99,20 @@ func (s *Sim) resolve(c Call, ptr uintptr, n uint64) ([]simSpan, error) {
 		var sp simSpan
 		switch {
 		case r == nil:
-			return nil, simErr(c, ErrIllegalAddress, "%#x (in [%#x, +%d)) is not allocated", addr, ptr, n)
+			return nil, simErr(c, device.ErrIllegalAddress, "%#x (in [%#x, +%d)) is not allocated", addr, ptr, n)
 		case r.ph != nil:
 			end := r.start + uintptr(r.ph.size)
 			if addr >= end {
-				return nil, simErr(c, ErrIllegalAddress, "%#x is past the end of the %d-byte allocation at %#x", addr, r.ph.size, r.start)
+				return nil, simErr(c, device.ErrIllegalAddress, "%#x is past the end of the %d-byte allocation at %#x", addr, r.ph.size, r.start)
 			}
 			sp = simSpan{addr: addr, n: min(left, uint64(end-addr)), ph: r.ph, off: uint64(addr - r.start)}
 		default:
 			m, _ := r.mappingAt(addr)
 			if m == nil {
-				return nil, simErr(c, ErrIllegalAddress, "%#x is reserved (at %#x) but not mapped", addr, r.start)
+				return nil, simErr(c, device.ErrIllegalAddress, "%#x is reserved (at %#x) but not mapped", addr, r.start)
 			}
 			if !m.access {
-				return nil, simErr(c, ErrIllegalAddress, "%#x is mapped (at %#x) without access: MemSetAccess was not called", addr, m.start)
+				return nil, simErr(c, device.ErrIllegalAddress, "%#x is mapped (at %#x) without access: MemSetAccess was not called", addr, m.start)
 			}
 			sp = simSpan{addr: addr, n: min(left, m.size-uint64(addr-m.start)), ph: m.ph, off: uint64(addr - m.start), m: m}
 		}
@@ -128,12 +130,12 @@ func (s *Sim) resolve(c Call, ptr uintptr, n uint64) ([]simSpan, error) {
 // Addresses are the lowest free ones that fit. Errors: size 0 is
 // ErrInvalidValue; too little free capacity (or address space) is
 // ErrOutOfMemory.
-func (s *Sim) MemAlloc(size uint64) (ptr uintptr, err error) {
-	err = s.do(CallMemAlloc, func() (uint64, error) {
+func (s *Device) MemAlloc(size uint64) (ptr uintptr, err error) {
+	err = s.do(device.CallMemAlloc, func() (uint64, error) {
 		if size == 0 {
-			return 0, simErr(CallMemAlloc, ErrInvalidValue, "size 0")
+			return 0, simErr(device.CallMemAlloc, device.ErrInvalidValue, "size 0")
 		}
-		ptr, err = s.linearAlloc(CallMemAlloc, size)
+		ptr, err = s.linearAlloc(device.CallMemAlloc, size)
 		return size, err
 	})
 	return ptr, err
@@ -141,25 +143,25 @@ func (s *Sim) MemAlloc(size uint64) (ptr uintptr, err error) {
 
 // MemAllocPitch allocates height rows of widthBytes each
 // (cuMemAllocPitch_v2), every row padded to pitch bytes, widthBytes
-// rounded up to SimConfig.PitchAlignment (default 512, as the H200: width
+// rounded up to Config.PitchAlignment (default 512, as the H200: width
 // 4 gives 512, 2052 gives 2560). It consumes pitch×height bytes, freed by
 // MemFree. Errors: a zero width or height, elementSize not 4, 8 or 16, or
 // pitch×height overflowing 64 bits is ErrInvalidValue; too little free
 // capacity is ErrOutOfMemory.
-func (s *Sim) MemAllocPitch(widthBytes, height uint64, elementSize uint32) (ptr uintptr, pitch uint64, err error) {
-	const c = CallMemAllocPitch
+func (s *Device) MemAllocPitch(widthBytes, height uint64, elementSize uint32) (ptr uintptr, pitch uint64, err error) {
+	const c = device.CallMemAllocPitch
 	var size uint64
 	err = s.do(c, func() (uint64, error) {
 		switch {
 		case elementSize != 4 && elementSize != 8 && elementSize != 16:
-			return 0, simErr(c, ErrInvalidValue, "element size %d is not 4, 8 or 16", elementSize)
+			return 0, simErr(c, device.ErrInvalidValue, "element size %d is not 4, 8 or 16", elementSize)
 		case widthBytes == 0 || height == 0:
-			return 0, simErr(c, ErrInvalidValue, "width %d, height %d", widthBytes, height)
+			return 0, simErr(c, device.ErrInvalidValue, "width %d, height %d", widthBytes, height)
 		}
 		p, ok := roundUp64(widthBytes, s.cfg.PitchAlignment)
 		hi, lo := bits.Mul64(p, height)
 		if !ok || hi != 0 {
-			return 0, simErr(c, ErrInvalidValue, "width %d × height %d overflows", widthBytes, height)
+			return 0, simErr(c, device.ErrInvalidValue, "width %d × height %d overflows", widthBytes, height)
 		}
 		ptr, err = s.linearAlloc(c, lo)
 		if err == nil {
@@ -171,9 +173,9 @@ func (s *Sim) MemAllocPitch(widthBytes, height uint64, elementSize uint32) (ptr 
 }
 
 // linearAlloc allocates size (> 0) bytes of linear memory for call c.
-func (s *Sim) linearAlloc(c Call, size uint64) (uintptr, error) {
+func (s *Device) linearAlloc(c device.Call, size uint64) (uintptr, error) {
 	if size > s.g.capacity {
-		return 0, simErr(c, ErrOutOfMemory, "%d bytes wanted, capacity %d", size, s.g.capacity)
+		return 0, simErr(c, device.ErrOutOfMemory, "%d bytes wanted, capacity %d", size, s.g.capacity)
 	}
 	charge, _ := roundUp64(size, simLinearAlign) // no overflow: size ≤ capacity
 	if err := s.charge(c, charge); err != nil {
@@ -182,7 +184,7 @@ func (s *Sim) linearAlloc(c Call, size uint64) (uintptr, error) {
 	ptr, ok := s.va.alloc(charge, simLinearAlign)
 	if !ok {
 		s.uncharge(charge)
-		return 0, simErr(c, ErrOutOfMemory, "no %d bytes of address space left", charge)
+		return 0, simErr(c, device.ErrOutOfMemory, "no %d bytes of address space left", charge)
 	}
 	s.insertRegion(&simRegion{start: ptr, size: charge, ph: &simPhys{size: size, charge: charge}})
 	return ptr, nil
@@ -194,19 +196,19 @@ func (s *Sim) linearAlloc(c Call, size uint64) (uintptr, error) {
 // ErrInvalidValue. Freeing memory that queued work on a held stream still
 // writes records a violation (see Violations): the driver would block
 // until the work finished, and a pool must not lean on that.
-func (s *Sim) MemFree(ptr uintptr) error {
-	const c = CallMemFree
+func (s *Device) MemFree(ptr uintptr) error {
+	const c = device.CallMemFree
 	return s.do(c, func() (uint64, error) {
 		r, i := s.regionAt(ptr)
 		switch {
 		case r == nil:
-			return 0, simErr(c, ErrInvalidValue, "%#x is not allocated", ptr)
+			return 0, simErr(c, device.ErrInvalidValue, "%#x is not allocated", ptr)
 		case r.ph == nil:
-			return 0, simErr(c, ErrInvalidValue, "%#x is inside a VMM reservation at %#x", ptr, r.start)
+			return 0, simErr(c, device.ErrInvalidValue, "%#x is inside a VMM reservation at %#x", ptr, r.start)
 		case r.ph.async:
-			return 0, simErr(c, ErrInvalidValue, "%#x was allocated by cuMemAllocAsync: free it with cuMemFreeAsync", ptr)
+			return 0, simErr(c, device.ErrInvalidValue, "%#x was allocated by cuMemAllocAsync: free it with cuMemFreeAsync", ptr)
 		case r.start != ptr:
-			return 0, simErr(c, ErrInvalidValue, "%#x is inside the allocation at %#x, not its start", ptr, r.start)
+			return 0, simErr(c, device.ErrInvalidValue, "%#x is inside the allocation at %#x, not its start", ptr, r.start)
 		}
 		s.killPending(c, "freed", func(sp *simSpan) bool { return sp.ph == r.ph })
 		s.removeRegion(i)

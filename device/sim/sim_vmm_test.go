@@ -1,17 +1,18 @@
-package device
+package sim
 
 import (
 	"testing"
 
+	"github.com/gpumem/tlsf/device"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // simVMMFixture is a small VMM device: 64 KiB granularity, 16 MiB capacity,
 // with contents kept.
-func simVMMFixture(t *testing.T) (*Sim, uint64) {
+func simVMMFixture(t *testing.T) (*Device, uint64) {
 	t.Helper()
-	s := NewSim(SimConfig{Capacity: 16 * simMiB, Granularity: 64 << 10, Shadow: true})
+	s := New(Config{Capacity: 16 * simMiB, Granularity: 64 << 10, Shadow: true})
 	g, err := s.AllocationGranularity()
 	require.NoError(t, err)
 	return s, g
@@ -19,11 +20,11 @@ func simVMMFixture(t *testing.T) (*Sim, uint64) {
 
 // simMapped reserves n granules, creates one handle per granule, maps them
 // in order and grants access.
-func simMapped(t *testing.T, s *Sim, g uint64, n int) (uintptr, []MemHandle) {
+func simMapped(t *testing.T, s *Device, g uint64, n int) (uintptr, []device.MemHandle) {
 	t.Helper()
 	va, err := s.AddressReserve(uint64(n)*g, 0)
 	require.NoError(t, err)
-	hs := make([]MemHandle, n)
+	hs := make([]device.MemHandle, n)
 	for i := range hs {
 		hs[i], err = s.MemCreate(g)
 		require.NoError(t, err)
@@ -54,38 +55,38 @@ func TestSimVMMMisuse(t *testing.T) {
 		call func() error
 		want error
 	}{
-		{"reserve size 0", func() error { _, err := s.AddressReserve(0, 0); return err }, ErrInvalidValue},
-		{"reserve unaligned size", func() error { _, err := s.AddressReserve(g+4096, 0); return err }, ErrInvalidValue},
-		{"reserve alignment not a power of two", func() error { _, err := s.AddressReserve(g, 3*g); return err }, ErrInvalidValue},
-		{"reserve beyond the address window", func() error { _, err := s.AddressReserve(1<<43, 0); return err }, ErrOutOfMemory},
-		{"create size 0", func() error { _, err := s.MemCreate(0); return err }, ErrInvalidValue},
-		{"create unaligned size", func() error { _, err := s.MemCreate(g / 2); return err }, ErrInvalidValue},
-		{"create beyond capacity", func() error { _, err := s.MemCreate(16 * simMiB); return err }, ErrOutOfMemory},
-		{"map unknown handle", func() error { return s.MemMap(at(0), g, 0xdead) }, ErrInvalidValue},
-		{"map released handle", func() error { return s.MemMap(at(0), g, released) }, ErrInvalidValue},
-		{"map part of a handle", func() error { return s.MemMap(at(0), g, big) }, ErrInvalidValue},
-		{"map unaligned", func() error { return s.MemMap(at(0)+4096, g, spare) }, ErrInvalidValue},
-		{"map outside a reservation", func() error { return s.MemMap(lin, g, spare) }, ErrInvalidValue},
-		{"map at unreserved address", func() error { return s.MemMap(0x1000_0000, g, spare) }, ErrInvalidValue},
-		{"map past the reservation end", func() error { return s.MemMap(at(3), 2*g, big) }, ErrInvalidValue},
-		{"map over a mapping", func() error { return s.MemMap(va+uintptr(g), g, spare) }, ErrInvalidValue},
-		{"map overlapping a mapping's start", func() error { return s.MemMap(va, 2*g, big) }, ErrInvalidValue},
-		{"unmap unmapped", func() error { return s.MemUnmap(at(0), g) }, ErrInvalidValue},
-		{"unmap half a mapping", func() error { return s.MemUnmap(va, g/2) }, ErrInvalidValue},
-		{"unmap from a mapping's middle", func() error { return s.MemUnmap(va+uintptr(g/2), g) }, ErrInvalidValue},
-		{"unmap past the mappings", func() error { return s.MemUnmap(va, 3*g) }, ErrInvalidValue},
-		{"unmap size 0", func() error { return s.MemUnmap(va, 0) }, ErrInvalidValue},
-		{"unmap linear memory", func() error { return s.MemUnmap(lin, 4096) }, ErrInvalidValue},
-		{"set access on unmapped", func() error { return s.MemSetAccess(at(0), g) }, ErrInvalidValue},
-		{"set access on part of a mapping", func() error { return s.MemSetAccess(va, g/2) }, ErrInvalidValue},
-		{"release unknown", func() error { return s.MemRelease(0xdead) }, ErrInvalidValue},
-		{"release twice", func() error { return s.MemRelease(released) }, ErrInvalidValue},
-		{"address free with mappings", func() error { return s.AddressFree(va, 2*g) }, ErrInvalidValue},
-		{"address free wrong size", func() error { return s.AddressFree(empty, 2*g) }, ErrInvalidValue},
-		{"address free interior", func() error { return s.AddressFree(at(1), 3*g) }, ErrInvalidValue},
-		{"address free linear", func() error { return s.AddressFree(lin, 4096) }, ErrInvalidValue},
-		{"free a reservation with MemFree", func() error { return s.MemFree(empty) }, ErrInvalidValue},
-		{"free a mapping with MemFree", func() error { return s.MemFree(va) }, ErrInvalidValue},
+		{"reserve size 0", func() error { _, err := s.AddressReserve(0, 0); return err }, device.ErrInvalidValue},
+		{"reserve unaligned size", func() error { _, err := s.AddressReserve(g+4096, 0); return err }, device.ErrInvalidValue},
+		{"reserve alignment not a power of two", func() error { _, err := s.AddressReserve(g, 3*g); return err }, device.ErrInvalidValue},
+		{"reserve beyond the address window", func() error { _, err := s.AddressReserve(1<<43, 0); return err }, device.ErrOutOfMemory},
+		{"create size 0", func() error { _, err := s.MemCreate(0); return err }, device.ErrInvalidValue},
+		{"create unaligned size", func() error { _, err := s.MemCreate(g / 2); return err }, device.ErrInvalidValue},
+		{"create beyond capacity", func() error { _, err := s.MemCreate(16 * simMiB); return err }, device.ErrOutOfMemory},
+		{"map unknown handle", func() error { return s.MemMap(at(0), g, 0xdead) }, device.ErrInvalidValue},
+		{"map released handle", func() error { return s.MemMap(at(0), g, released) }, device.ErrInvalidValue},
+		{"map part of a handle", func() error { return s.MemMap(at(0), g, big) }, device.ErrInvalidValue},
+		{"map unaligned", func() error { return s.MemMap(at(0)+4096, g, spare) }, device.ErrInvalidValue},
+		{"map outside a reservation", func() error { return s.MemMap(lin, g, spare) }, device.ErrInvalidValue},
+		{"map at unreserved address", func() error { return s.MemMap(0x1000_0000, g, spare) }, device.ErrInvalidValue},
+		{"map past the reservation end", func() error { return s.MemMap(at(3), 2*g, big) }, device.ErrInvalidValue},
+		{"map over a mapping", func() error { return s.MemMap(va+uintptr(g), g, spare) }, device.ErrInvalidValue},
+		{"map overlapping a mapping's start", func() error { return s.MemMap(va, 2*g, big) }, device.ErrInvalidValue},
+		{"unmap unmapped", func() error { return s.MemUnmap(at(0), g) }, device.ErrInvalidValue},
+		{"unmap half a mapping", func() error { return s.MemUnmap(va, g/2) }, device.ErrInvalidValue},
+		{"unmap from a mapping's middle", func() error { return s.MemUnmap(va+uintptr(g/2), g) }, device.ErrInvalidValue},
+		{"unmap past the mappings", func() error { return s.MemUnmap(va, 3*g) }, device.ErrInvalidValue},
+		{"unmap size 0", func() error { return s.MemUnmap(va, 0) }, device.ErrInvalidValue},
+		{"unmap linear memory", func() error { return s.MemUnmap(lin, 4096) }, device.ErrInvalidValue},
+		{"set access on unmapped", func() error { return s.MemSetAccess(at(0), g) }, device.ErrInvalidValue},
+		{"set access on part of a mapping", func() error { return s.MemSetAccess(va, g/2) }, device.ErrInvalidValue},
+		{"release unknown", func() error { return s.MemRelease(0xdead) }, device.ErrInvalidValue},
+		{"release twice", func() error { return s.MemRelease(released) }, device.ErrInvalidValue},
+		{"address free with mappings", func() error { return s.AddressFree(va, 2*g) }, device.ErrInvalidValue},
+		{"address free wrong size", func() error { return s.AddressFree(empty, 2*g) }, device.ErrInvalidValue},
+		{"address free interior", func() error { return s.AddressFree(at(1), 3*g) }, device.ErrInvalidValue},
+		{"address free linear", func() error { return s.AddressFree(lin, 4096) }, device.ErrInvalidValue},
+		{"free a reservation with MemFree", func() error { return s.MemFree(empty) }, device.ErrInvalidValue},
+		{"free a mapping with MemFree", func() error { return s.MemFree(va) }, device.ErrInvalidValue},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -115,7 +116,7 @@ func TestSimVMMRefcount(t *testing.T) {
 	assert.Equal(t, g, s.Used(), "released but mapped: still there")
 	assert.Zero(t, s.Mapped(), "Mapped leaves out released handles")
 	assert.Equal(t, 1, s.Stats().ReleasedMapped)
-	assert.ErrorIs(t, s.MemMap(va, g, h), ErrInvalidValue, "a released handle cannot be mapped again")
+	assert.ErrorIs(t, s.MemMap(va, g, h), device.ErrInvalidValue, "a released handle cannot be mapped again")
 	require.NoError(t, s.MemUnmap(va, g))
 	assert.Equal(t, g, s.Used())
 	assert.Equal(t, 1, s.LiveAllocations())
@@ -149,17 +150,17 @@ func TestSimVMMAccess(t *testing.T) {
 	require.NoError(t, err)
 	buf := make([]byte, 8)
 
-	assert.ErrorIs(t, s.MemsetD32(va, 1, 1), ErrIllegalAddress, "reserved, not mapped")
+	assert.ErrorIs(t, s.MemsetD32(va, 1, 1), device.ErrIllegalAddress, "reserved, not mapped")
 	require.NoError(t, s.MemMap(va, g, h1))
-	assert.ErrorIs(t, s.MemsetD32(va, 1, 1), ErrIllegalAddress, "mapped without access")
-	assert.ErrorIs(t, s.MemcpyDtoH(buf, va), ErrIllegalAddress, "mapped without access")
+	assert.ErrorIs(t, s.MemsetD32(va, 1, 1), device.ErrIllegalAddress, "mapped without access")
+	assert.ErrorIs(t, s.MemcpyDtoH(buf, va), device.ErrIllegalAddress, "mapped without access")
 	require.NoError(t, s.MemSetAccess(va, g))
 	require.NoError(t, s.MemsetD32(va, 1, 1))
 	require.NoError(t, s.MemSetAccess(va, g), "granting again is harmless")
 
 	// A range running into an unmapped granule fails whole, writing nothing.
 	require.NoError(t, s.MemsetD32(va, 7, g/4))
-	assert.ErrorIs(t, s.MemsetD32(va+uintptr(g)-4, 9, 2), ErrIllegalAddress)
+	assert.ErrorIs(t, s.MemsetD32(va+uintptr(g)-4, 9, 2), device.ErrIllegalAddress)
 	require.NoError(t, s.MemcpyDtoH(buf[:4], va+uintptr(g)-4))
 	assert.Equal(t, []byte{7, 0, 0, 0}, buf[:4])
 
@@ -182,12 +183,12 @@ func TestSimVMMAccess(t *testing.T) {
 
 	// After unmap: use after free is ErrIllegalAddress.
 	require.NoError(t, s.MemUnmap(va, 2*g))
-	assert.ErrorIs(t, s.MemsetD32(va, 1, 1), ErrIllegalAddress)
-	assert.ErrorIs(t, s.MemcpyDtoH(buf, va+uintptr(g)), ErrIllegalAddress)
+	assert.ErrorIs(t, s.MemsetD32(va, 1, 1), device.ErrIllegalAddress)
+	assert.ErrorIs(t, s.MemcpyDtoH(buf, va+uintptr(g)), device.ErrIllegalAddress)
 
 	// Remapped, access must be granted again.
 	require.NoError(t, s.MemMap(va, g, h1))
-	assert.ErrorIs(t, s.MemcpyDtoH(buf, va), ErrIllegalAddress)
+	assert.ErrorIs(t, s.MemcpyDtoH(buf, va), device.ErrIllegalAddress)
 	require.NoError(t, s.MemUnmap(va, g))
 	require.NoError(t, s.MemRelease(h1))
 	require.NoError(t, s.MemRelease(h2))

@@ -1,4 +1,4 @@
-package device
+package sim
 
 import (
 	"errors"
@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/devicetest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -14,14 +16,14 @@ import (
 const simMiB = 1 << 20
 
 // simCheck fails the test if s's invariants are broken.
-func simCheck(t testing.TB, s *Sim) {
+func simCheck(t testing.TB, s *Device) {
 	t.Helper()
 	require.NoError(t, s.Check())
 }
 
 func TestSimConformance(t *testing.T) {
-	s := NewSim(SimConfig{Shadow: true})
-	runConformance(t, s)
+	s := New(Config{Shadow: true})
+	devicetest.Run(t, s)
 	simCheck(t, s)
 	assert.Empty(t, s.Violations())
 	assert.Zero(t, s.Used(), "the suite frees everything")
@@ -33,20 +35,20 @@ func TestSimConformance(t *testing.T) {
 }
 
 func TestSimConformanceNoVMM(t *testing.T) {
-	s := NewSim(SimConfig{Shadow: true, NoVMM: true, Capacity: 1 << 30})
-	runConformance(t, s)
+	s := New(Config{Shadow: true, NoVMM: true, Capacity: 1 << 30})
+	devicetest.Run(t, s)
 	simCheck(t, s)
 	assert.Zero(t, s.Used())
 }
 
 func TestSimConformanceSmallGranularity(t *testing.T) {
-	s := NewSim(SimConfig{Shadow: true, Granularity: 64 << 10, Capacity: 256 * simMiB})
-	runConformance(t, s)
+	s := New(Config{Shadow: true, Granularity: 64 << 10, Capacity: 256 * simMiB})
+	devicetest.Run(t, s)
 	simCheck(t, s)
 }
 
 func TestSimDefaults(t *testing.T) {
-	s := NewSim(SimConfig{})
+	s := New(Config{})
 	assert.Equal(t, "Simulated H200", s.Name())
 	assert.Equal(t, 0, s.Ordinal())
 	assert.True(t, s.VMMSupported())
@@ -60,7 +62,7 @@ func TestSimDefaults(t *testing.T) {
 	assert.Equal(t, uint64(143771)*simMiB, total)
 	assert.Equal(t, total, free)
 
-	c := NewSim(SimConfig{Name: "x", Ordinal: 3, Capacity: 1 << 30, Granularity: 1 << 16, TexturePitchAlignment: 512, PitchAlignment: 256})
+	c := New(Config{Name: "x", Ordinal: 3, Capacity: 1 << 30, Granularity: 1 << 16, TexturePitchAlignment: 512, PitchAlignment: 256})
 	assert.Equal(t, "x", c.Name())
 	assert.Equal(t, 3, c.Ordinal())
 	assert.Equal(t, uint64(512), c.TexturePitchAlignment())
@@ -68,13 +70,13 @@ func TestSimDefaults(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, uint64(512), pitch)
 
-	assert.Panics(t, func() { NewSim(SimConfig{Granularity: 3 << 20}) })
-	assert.Panics(t, func() { NewSim(SimConfig{PitchAlignment: 500}) })
-	assert.Panics(t, func() { NewSim(SimConfig{Granularity: 256}) })
+	assert.Panics(t, func() { New(Config{Granularity: 3 << 20}) })
+	assert.Panics(t, func() { New(Config{PitchAlignment: 500}) })
+	assert.Panics(t, func() { New(Config{Granularity: 256}) })
 }
 
 func TestSimLinear(t *testing.T) {
-	s := NewSim(SimConfig{Capacity: 64 * simMiB})
+	s := New(Config{Capacity: 64 * simMiB})
 	p, err := s.MemAlloc(1)
 	require.NoError(t, err)
 	assert.Equal(t, uintptr(0x7f00_0000_0000), p, "the first allocation is at the base of the window")
@@ -111,30 +113,30 @@ func TestSimLinear(t *testing.T) {
 		{"slack", q + 600},
 	}
 	for _, c := range cases {
-		assert.ErrorIs(t, s.MemFree(c.ptr), ErrInvalidValue, c.name)
+		assert.ErrorIs(t, s.MemFree(c.ptr), device.ErrInvalidValue, c.name)
 	}
 	require.NoError(t, s.MemFree(q))
-	assert.ErrorIs(t, s.MemFree(q), ErrInvalidValue, "double free")
+	assert.ErrorIs(t, s.MemFree(q), device.ErrInvalidValue, "double free")
 	require.NoError(t, s.MemFree(r))
 	assert.Zero(t, s.Used())
 	simCheck(t, s)
 
 	_, err = s.MemAlloc(0)
-	assert.ErrorIs(t, err, ErrInvalidValue)
+	assert.ErrorIs(t, err, device.ErrInvalidValue)
 	_, err = s.MemAlloc(64*simMiB + 1)
-	assert.ErrorIs(t, err, ErrOutOfMemory)
+	assert.ErrorIs(t, err, device.ErrOutOfMemory)
 	_, err = s.MemAlloc(^uint64(0))
-	assert.ErrorIs(t, err, ErrOutOfMemory)
+	assert.ErrorIs(t, err, device.ErrOutOfMemory)
 	big, err := s.MemAlloc(64 * simMiB)
 	require.NoError(t, err, "the whole capacity can be allocated")
 	_, err = s.MemAlloc(1)
-	assert.ErrorIs(t, err, ErrOutOfMemory)
+	assert.ErrorIs(t, err, device.ErrOutOfMemory)
 	require.NoError(t, s.MemFree(big))
 	simCheck(t, s)
 }
 
 func TestSimPitch(t *testing.T) {
-	s := NewSim(SimConfig{Capacity: 64 * simMiB})
+	s := New(Config{Capacity: 64 * simMiB})
 	cases := []struct {
 		name          string
 		width, height uint64
@@ -145,13 +147,13 @@ func TestSimPitch(t *testing.T) {
 		{"width 4", 4, 1, 4, 512, nil},
 		{"width 2052", 2052, 3, 8, 2560, nil},
 		{"width 16000", 16000, 2, 16, 16384, nil},
-		{"width 0", 0, 1, 4, 0, ErrInvalidValue},
-		{"height 0", 4, 0, 4, 0, ErrInvalidValue},
-		{"element 2", 4, 1, 2, 0, ErrInvalidValue},
-		{"element 32", 4, 1, 32, 0, ErrInvalidValue},
-		{"width overflows", ^uint64(0) - 3, 1, 4, 0, ErrInvalidValue},
-		{"product overflows", 1 << 40, 1 << 30, 4, 0, ErrInvalidValue},
-		{"too big", 1 << 20, 65, 4, 0, ErrOutOfMemory},
+		{"width 0", 0, 1, 4, 0, device.ErrInvalidValue},
+		{"height 0", 4, 0, 4, 0, device.ErrInvalidValue},
+		{"element 2", 4, 1, 2, 0, device.ErrInvalidValue},
+		{"element 32", 4, 1, 32, 0, device.ErrInvalidValue},
+		{"width overflows", ^uint64(0) - 3, 1, 4, 0, device.ErrInvalidValue},
+		{"product overflows", 1 << 40, 1 << 30, 4, 0, device.ErrInvalidValue},
+		{"too big", 1 << 20, 65, 4, 0, device.ErrOutOfMemory},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -175,25 +177,25 @@ func TestSimPitch(t *testing.T) {
 }
 
 func TestSimNoVMM(t *testing.T) {
-	s := NewSim(SimConfig{NoVMM: true})
+	s := New(Config{NoVMM: true})
 	assert.False(t, s.VMMSupported())
 	_, err := s.AllocationGranularity()
-	assert.ErrorIs(t, err, ErrNotSupported)
+	assert.ErrorIs(t, err, device.ErrNotSupported)
 	_, err = s.AddressReserve(2*simMiB, 0)
-	assert.ErrorIs(t, err, ErrNotSupported)
+	assert.ErrorIs(t, err, device.ErrNotSupported)
 	_, err = s.MemCreate(2 * simMiB)
-	assert.ErrorIs(t, err, ErrNotSupported)
-	assert.ErrorIs(t, s.MemMap(0x7f00_0000_0000, 2*simMiB, 1), ErrNotSupported)
-	assert.ErrorIs(t, s.MemUnmap(0x7f00_0000_0000, 2*simMiB), ErrNotSupported)
-	assert.ErrorIs(t, s.MemSetAccess(0x7f00_0000_0000, 2*simMiB), ErrNotSupported)
-	assert.ErrorIs(t, s.MemRelease(1), ErrNotSupported)
-	assert.ErrorIs(t, s.AddressFree(0x7f00_0000_0000, 2*simMiB), ErrNotSupported)
+	assert.ErrorIs(t, err, device.ErrNotSupported)
+	assert.ErrorIs(t, s.MemMap(0x7f00_0000_0000, 2*simMiB, 1), device.ErrNotSupported)
+	assert.ErrorIs(t, s.MemUnmap(0x7f00_0000_0000, 2*simMiB), device.ErrNotSupported)
+	assert.ErrorIs(t, s.MemSetAccess(0x7f00_0000_0000, 2*simMiB), device.ErrNotSupported)
+	assert.ErrorIs(t, s.MemRelease(1), device.ErrNotSupported)
+	assert.ErrorIs(t, s.AddressFree(0x7f00_0000_0000, 2*simMiB), device.ErrNotSupported)
 	counts := s.Counts()
 	assert.Equal(t, uint64(7), counts.Total(), "failed calls are counted")
 }
 
 func TestSimTwoProcesses(t *testing.T) {
-	a := NewSim(SimConfig{Capacity: 16 * simMiB, Shadow: true})
+	a := New(Config{Capacity: 16 * simMiB, Shadow: true})
 	b := a.NewProcess()
 	assert.Equal(t, a.Name(), b.Name())
 
@@ -205,21 +207,21 @@ func TestSimTwoProcesses(t *testing.T) {
 	assert.Equal(t, uint64(6*simMiB), free, "a's allocation lowers b's free memory")
 
 	_, err = b.MemAlloc(7 * simMiB)
-	assert.ErrorIs(t, err, ErrOutOfMemory, "a's allocation makes b's fail")
+	assert.ErrorIs(t, err, device.ErrOutOfMemory, "a's allocation makes b's fail")
 	_, err = b.MemCreate(8 * simMiB)
-	assert.ErrorIs(t, err, ErrOutOfMemory)
+	assert.ErrorIs(t, err, device.ErrOutOfMemory)
 	pb, err := b.MemAlloc(6 * simMiB)
 	require.NoError(t, err)
 	assert.NotEqual(t, pa, pb, "processes have disjoint address windows")
 
 	// Pointers of one process mean nothing in the other.
-	assert.ErrorIs(t, b.MemFree(pa), ErrInvalidValue)
-	assert.ErrorIs(t, b.MemsetD32(pa, 1, 1), ErrIllegalAddress)
+	assert.ErrorIs(t, b.MemFree(pa), device.ErrInvalidValue)
+	assert.ErrorIs(t, b.MemsetD32(pa, 1, 1), device.ErrIllegalAddress)
 	_, _, ok := b.Owner(pa)
 	assert.False(t, ok)
 	s, err := a.StreamCreate()
 	require.NoError(t, err)
-	assert.ErrorIs(t, b.StreamSynchronize(s), ErrInvalidValue)
+	assert.ErrorIs(t, b.StreamSynchronize(s), device.ErrInvalidValue)
 
 	assert.Equal(t, uint64(10*simMiB), a.Used())
 	assert.Equal(t, uint64(6*simMiB), b.Used())
@@ -235,14 +237,14 @@ func TestSimTwoProcesses(t *testing.T) {
 }
 
 func TestSimOccupy(t *testing.T) {
-	s := NewSim(SimConfig{Capacity: 16 * simMiB})
+	s := New(Config{Capacity: 16 * simMiB})
 	require.NoError(t, s.Occupy(12*simMiB))
 	free, _, err := s.MemGetInfo()
 	require.NoError(t, err)
 	assert.Equal(t, uint64(4*simMiB), free)
-	assert.ErrorIs(t, s.Occupy(5*simMiB), ErrOutOfMemory)
+	assert.ErrorIs(t, s.Occupy(5*simMiB), device.ErrOutOfMemory)
 	_, err = s.MemAlloc(5 * simMiB)
-	assert.ErrorIs(t, err, ErrOutOfMemory)
+	assert.ErrorIs(t, err, device.ErrOutOfMemory)
 	assert.Zero(t, s.Used(), "Occupy is not the process's use")
 
 	p := s.NewProcess()
@@ -257,12 +259,12 @@ func TestSimOccupy(t *testing.T) {
 func TestSimHookBetweenInfoAndAlloc(t *testing.T) {
 	// Another process grabs memory between the pool's MemGetInfo and its
 	// allocation: the allocation must fail cleanly.
-	s := NewSim(SimConfig{Capacity: 16 * simMiB})
+	s := New(Config{Capacity: 16 * simMiB})
 	other := s.NewProcess()
-	var seen []Call
-	s.SetHook(func(c Call) {
+	var seen []device.Call
+	s.SetHook(func(c device.Call) {
 		seen = append(seen, c)
-		if c == CallMemAlloc {
+		if c == device.CallMemAlloc {
 			_, err := other.MemAlloc(8 * simMiB)
 			require.NoError(t, err)
 		}
@@ -271,8 +273,8 @@ func TestSimHookBetweenInfoAndAlloc(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, uint64(16*simMiB), free)
 	_, err = s.MemAlloc(free)
-	assert.ErrorIs(t, err, ErrOutOfMemory)
-	assert.Equal(t, []Call{CallMemGetInfo, CallMemAlloc}, seen)
+	assert.ErrorIs(t, err, device.ErrOutOfMemory)
+	assert.Equal(t, []device.Call{device.CallMemGetInfo, device.CallMemAlloc}, seen)
 	assert.Equal(t, uint64(8*simMiB), other.Used())
 	assert.Zero(t, s.Used())
 	s.SetHook(nil)
@@ -282,20 +284,20 @@ func TestSimHookBetweenInfoAndAlloc(t *testing.T) {
 }
 
 func TestSimClose(t *testing.T) {
-	s := NewSim(SimConfig{})
+	s := New(Config{})
 	p, err := s.MemAlloc(4096)
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
 	require.NoError(t, s.Close(), "Close is idempotent")
-	assert.ErrorIs(t, s.MemFree(p), ErrInvalidValue)
+	assert.ErrorIs(t, s.MemFree(p), device.ErrInvalidValue)
 	_, _, err = s.MemGetInfo()
-	assert.ErrorIs(t, err, ErrInvalidValue)
+	assert.ErrorIs(t, err, device.ErrInvalidValue)
 	assert.Equal(t, uint64(4096), s.Used(), "Close frees nothing")
 	assert.Equal(t, 1, s.LiveAllocations())
 }
 
 func TestSimCounts(t *testing.T) {
-	s := NewSim(SimConfig{Latency: &Latency{}})
+	s := New(Config{Latency: &Latency{}})
 	_, err := s.MemAlloc(0)
 	require.Error(t, err)
 	p, err := s.MemAlloc(1)
@@ -303,8 +305,8 @@ func TestSimCounts(t *testing.T) {
 	require.NoError(t, s.MemFree(p))
 	_, _, _ = s.MemGetInfo()
 	c := s.Counts()
-	assert.Equal(t, uint64(2), c[CallMemAlloc], "failed calls count")
-	assert.Equal(t, uint64(1), c[CallMemFree])
+	assert.Equal(t, uint64(2), c[device.CallMemAlloc], "failed calls count")
+	assert.Equal(t, uint64(1), c[device.CallMemFree])
 	assert.Equal(t, uint64(4), c.Total())
 	assert.Equal(t, map[string]uint64{"cuMemAlloc": 2, "cuMemFree": 1, "cuMemGetInfo": 1}, c.Map())
 	assert.Zero(t, s.SimTime(), "an empty model costs nothing")
@@ -315,43 +317,43 @@ func TestSimLatency(t *testing.T) {
 	us := time.Microsecond
 	oh := 470 * time.Nanosecond
 	cases := []struct {
-		c    Call
+		c    device.Call
 		size uint64
 		want time.Duration
 	}{
-		{CallMemAlloc, 1, oh + 40*us},
-		{CallMemAlloc, 16 * simMiB, oh + 40*us},
-		{CallMemAlloc, 136 * simMiB, oh + 49500*time.Nanosecond}, // halfway to 256 MiB
-		{CallMemAlloc, 256 * simMiB, oh + 59*us},
-		{CallMemAlloc, 2048 * simMiB, oh + 222*us},
-		{CallMemAlloc, 3840 * simMiB, oh + 385*us}, // extrapolated
-		{CallMemFree, 4096, oh + 35*us},
-		{CallMemFree, 256 * simMiB, oh + 148*us},
-		{CallMemFree, 2048 * simMiB, oh + 874*us},
+		{device.CallMemAlloc, 1, oh + 40*us},
+		{device.CallMemAlloc, 16 * simMiB, oh + 40*us},
+		{device.CallMemAlloc, 136 * simMiB, oh + 49500*time.Nanosecond}, // halfway to 256 MiB
+		{device.CallMemAlloc, 256 * simMiB, oh + 59*us},
+		{device.CallMemAlloc, 2048 * simMiB, oh + 222*us},
+		{device.CallMemAlloc, 3840 * simMiB, oh + 385*us}, // extrapolated
+		{device.CallMemFree, 4096, oh + 35*us},
+		{device.CallMemFree, 256 * simMiB, oh + 148*us},
+		{device.CallMemFree, 2048 * simMiB, oh + 874*us},
 		// One 2 MiB page of the VMM calls: as measured on the H200.
-		{CallMemCreate, 2 * simMiB, 12200 * time.Nanosecond},
-		{CallMemRelease, 2 * simMiB, 13800 * time.Nanosecond},
-		{CallMemMap, 2 * simMiB, 2400 * time.Nanosecond},
-		{CallMemSetAccess, 2 * simMiB, 28 * us},
-		{CallMemUnmap, 2 * simMiB, 19600 * time.Nanosecond},
-		{CallEventQuery, 0, oh + 1*us},
-		{CallMemsetD32, 3e9, oh + 2500*time.Nanosecond + time.Millisecond},
-		{CallMemcpyDtoH, 25e6, oh + 8*us + time.Millisecond},
+		{device.CallMemCreate, 2 * simMiB, 12200 * time.Nanosecond},
+		{device.CallMemRelease, 2 * simMiB, 13800 * time.Nanosecond},
+		{device.CallMemMap, 2 * simMiB, 2400 * time.Nanosecond},
+		{device.CallMemSetAccess, 2 * simMiB, 28 * us},
+		{device.CallMemUnmap, 2 * simMiB, 19600 * time.Nanosecond},
+		{device.CallEventQuery, 0, oh + 1*us},
+		{device.CallMemsetD32, 3e9, oh + 2500*time.Nanosecond + time.Millisecond},
+		{device.CallMemcpyDtoH, 25e6, oh + 8*us + time.Millisecond},
 	}
 	for _, c := range cases {
 		assert.Equal(t, c.want, l.Of(c.c, c.size), "%v(%d)", c.c, c.size)
 	}
 
 	// The model is charged per call, failed calls paying the overhead only.
-	s := NewSim(SimConfig{})
+	s := New(Config{})
 	p, err := s.MemAlloc(1 << 20)
 	require.NoError(t, err)
 	_, err = s.MemAlloc(0)
 	require.Error(t, err)
 	require.NoError(t, s.MemFree(p))
 	by := s.SimTimeByCall()
-	assert.Equal(t, 2*oh+40*us, by[CallMemAlloc])
-	assert.Equal(t, oh+35*us, by[CallMemFree])
+	assert.Equal(t, 2*oh+40*us, by[device.CallMemAlloc])
+	assert.Equal(t, oh+35*us, by[device.CallMemFree])
 	assert.Equal(t, 3*oh+75*us, s.SimTime())
 
 	assert.Panics(t, func() { Piecewise() })
@@ -363,18 +365,18 @@ func TestSimLatency(t *testing.T) {
 }
 
 func TestSimErrorsNameTheCall(t *testing.T) {
-	s := NewSim(SimConfig{})
+	s := New(Config{})
 	err := s.MemFree(0x1234)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "cuMemFree")
 	assert.Contains(t, err.Error(), "0x1234")
-	assert.True(t, errors.Is(err, ErrInvalidValue))
+	assert.True(t, errors.Is(err, device.ErrInvalidValue))
 }
 
 func TestSimConcurrentProcesses(t *testing.T) {
 	// Two processes hammer one small GPU; capacity accounting stays exact.
-	a := NewSim(SimConfig{Capacity: 8 * simMiB, Shadow: true, Granularity: 64 << 10})
-	procs := []*Sim{a, a.NewProcess()}
+	a := New(Config{Capacity: 8 * simMiB, Shadow: true, Granularity: 64 << 10})
+	procs := []*Device{a, a.NewProcess()}
 	var wg sync.WaitGroup
 	for i, p := range procs {
 		for w := range 2 {
@@ -387,7 +389,7 @@ func TestSimConcurrentProcesses(t *testing.T) {
 						size = 4
 					}
 					ptr, err := p.MemAlloc(size)
-					if errors.Is(err, ErrOutOfMemory) {
+					if errors.Is(err, device.ErrOutOfMemory) {
 						continue
 					}
 					if !assert.NoError(t, err) {
@@ -415,8 +417,8 @@ func TestSimConcurrentProcesses(t *testing.T) {
 	assert.Equal(t, total, free)
 }
 
-func ExampleSim() {
-	s := NewSim(SimConfig{Capacity: 1 << 30, Shadow: true})
+func ExampleNew() {
+	s := New(Config{Capacity: 1 << 30, Shadow: true})
 	p, _ := s.MemAlloc(4096)
 	_ = s.MemsetD32(p, 0x01020304, 1024)
 	buf := make([]byte, 4)
@@ -429,9 +431,9 @@ func ExampleSim() {
 
 func TestSimAddressSpaceExhausted(t *testing.T) {
 	// More capacity than address window: the window runs out first.
-	s := NewSim(SimConfig{Capacity: 8 << 40})
+	s := New(Config{Capacity: 8 << 40})
 	_, err := s.MemAlloc(5 << 40)
-	assert.ErrorIs(t, err, ErrOutOfMemory)
+	assert.ErrorIs(t, err, device.ErrOutOfMemory)
 	assert.Zero(t, s.Used(), "a failed call changes nothing")
 	simCheck(t, s)
 }
@@ -439,36 +441,36 @@ func TestSimAddressSpaceExhausted(t *testing.T) {
 func TestSimCheckDetectsCorruption(t *testing.T) {
 	cases := []struct {
 		name    string
-		corrupt func(s *Sim)
+		corrupt func(s *Device)
 	}{
-		{"process used", func(s *Sim) { s.used++ }},
-		{"GPU used", func(s *Sim) { s.g.used++ }},
-		{"region overlap", func(s *Sim) { s.regions[1].start = s.regions[0].start + 1 }},
-		{"linear charge", func(s *Sim) { s.regions[0].ph.charge = 1 }},
-		{"free list overlaps a region", func(s *Sim) { s.va.free[0].lo = s.regions[0].start }},
-		{"handle refcount", func(s *Sim) {
+		{"process used", func(s *Device) { s.used++ }},
+		{"GPU used", func(s *Device) { s.g.used++ }},
+		{"region overlap", func(s *Device) { s.regions[1].start = s.regions[0].start + 1 }},
+		{"linear charge", func(s *Device) { s.regions[0].ph.charge = 1 }},
+		{"free list overlaps a region", func(s *Device) { s.va.free[0].lo = s.regions[0].start }},
+		{"handle refcount", func(s *Device) {
 			for _, ph := range s.handles {
 				ph.maps++
 			}
 		}},
-		{"mapping outside its reservation", func(s *Sim) { s.regions[2].maps[0].start = s.regions[2].start - 1 }},
-		{"contents unmerged", func(s *Sim) {
+		{"mapping outside its reservation", func(s *Device) { s.regions[2].maps[0].start = s.regions[2].start - 1 }},
+		{"contents unmerged", func(s *Device) {
 			s.regions[0].ph.mem.segs = []simSeg{{0, 4, 1}, {4, 8, 1}}
 		}},
-		{"contents overlap", func(s *Sim) {
+		{"contents overlap", func(s *Device) {
 			s.regions[0].ph.mem.segs = []simSeg{{0, 8, 1}, {4, 12, 2}}
 		}},
-		{"contents beyond the allocation", func(s *Sim) {
+		{"contents beyond the allocation", func(s *Device) {
 			s.regions[0].ph.mem.segs = []simSeg{{0, 1 << 20, 1}}
 		}},
-		{"runnable work left queued", func(s *Sim) {
+		{"runnable work left queued", func(s *Device) {
 			st := s.streams[0]
 			st.queue = append(st.queue, &simItem{kind: simItemRecord, rec: &simRecord{}})
 		}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			s := NewSim(SimConfig{Capacity: 64 * simMiB, Granularity: 64 << 10, Shadow: true})
+			s := New(Config{Capacity: 64 * simMiB, Granularity: 64 << 10, Shadow: true})
 			_, err := s.MemAlloc(4096)
 			require.NoError(t, err)
 			_, err = s.MemAlloc(4096)

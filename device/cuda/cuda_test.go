@@ -1,11 +1,11 @@
-package device
+package cuda
 
-// GPU tests of CUDADevice. Where there is no driver or no GPU they skip,
-// unless TLSF_REQUIRE_GPU=1, when they fail (see CUDAOrSkipReason). Build
+// GPU tests of Device. Where there is no driver or no GPU they skip,
+// unless TLSF_REQUIRE_GPU=1, when they fail (see devicetest.OpenGPU). Build
 // and run them on a GPU machine without a Go toolchain with:
 //
-//	GOOS=linux GOARCH=amd64 CGO_ENABLED=0 go test -c -o bin/device.test ./device
-//	TLSF_REQUIRE_GPU=1 ./bin/device.test -test.v -test.run CUDA
+//	GOOS=linux GOARCH=amd64 CGO_ENABLED=0 go test -c -o bin/cuda.test ./device/cuda
+//	TLSF_REQUIRE_GPU=1 ./bin/cuda.test -test.v -test.run CUDA
 
 import (
 	"encoding/binary"
@@ -16,32 +16,20 @@ import (
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/devicetest"
 )
 
-// openCUDA opens device 0 for t and closes it when t ends, or skips t
-// (fails it with TLSF_REQUIRE_GPU=1) where there is no GPU. It is what
-// internal/gputest.Open does for other packages; this package's tests
-// cannot import that package without an import cycle.
-func openCUDA(tb testing.TB) *CUDADevice {
+// openCUDA opens device 0 for tb and closes it when tb ends, or skips tb
+// (fails it with TLSF_REQUIRE_GPU=1) where there is no GPU.
+func openCUDA(tb testing.TB) *Device {
 	tb.Helper()
-	d, skip, err := CUDAOrSkipReason(0)
-	switch {
-	case err != nil:
-		tb.Fatal(err)
-	case skip != "":
-		tb.Skip(skip)
-	}
-	tb.Cleanup(func() {
-		if err := d.Close(); err != nil {
-			tb.Errorf("Close: %v", err)
-		}
-	})
-	return d
+	return devicetest.OpenGPU(tb, func() (*Device, error) { return Open(0) })
 }
 
 // rawSym resolves a driver entry point the package itself does not use,
 // for tests that play the part of other CUDA code in the process.
-func rawSym(tb testing.TB, d *CUDADevice, name string) *cuSym {
+func rawSym(tb testing.TB, d *Device, name string) *cuSym {
 	tb.Helper()
 	addr, err := purego.Dlsym(d.drv.lib, name)
 	if err != nil || addr == 0 {
@@ -51,7 +39,7 @@ func rawSym(tb testing.TB, d *CUDADevice, name string) *cuSym {
 }
 
 // currentCtx is cuCtxGetCurrent on the calling thread.
-func currentCtx(tb testing.TB, d *CUDADevice) uintptr {
+func currentCtx(tb testing.TB, d *Device) uintptr {
 	tb.Helper()
 	get := rawSym(tb, d, "cuCtxGetCurrent")
 	var ctx uintptr
@@ -62,7 +50,7 @@ func currentCtx(tb testing.TB, d *CUDADevice) uintptr {
 }
 
 // cuReadWords copies n 32-bit words from device address src.
-func cuReadWords(tb testing.TB, d Device, src uintptr, n int) []uint32 {
+func cuReadWords(tb testing.TB, d device.Device, src uintptr, n int) []uint32 {
 	tb.Helper()
 	b := make([]byte, 4*n)
 	if err := d.MemcpyDtoH(b, src); err != nil {
@@ -93,7 +81,7 @@ func cuMust(tb testing.TB, err error) {
 }
 
 func TestCUDAConformance(t *testing.T) {
-	runConformance(t, openCUDA(t))
+	devicetest.Run(t, openCUDA(t))
 }
 
 func TestCUDAInfo(t *testing.T) {
@@ -136,9 +124,9 @@ func TestCUDAEveryDevice(t *testing.T) {
 	openCUDA(t)
 	n, err := Count()
 	cuMust(t, err)
-	var devs []*CUDADevice
+	var devs []*Device
 	for i := 0; i < n; i++ {
-		d, err := CUDA(i)
+		d, err := Open(i)
 		cuMust(t, err)
 		defer d.Close()
 		devs = append(devs, d)
@@ -151,7 +139,7 @@ func TestCUDAEveryDevice(t *testing.T) {
 		cuMust(t, d.MemFree(p))
 	}
 	for _, bad := range []int{-1, n} {
-		if _, err := CUDA(bad); !errors.Is(err, ErrNoDevice) {
+		if _, err := Open(bad); !errors.Is(err, device.ErrNoDevice) {
 			t.Errorf("CUDA(%d) = %v, want ErrNoDevice", bad, err)
 		}
 	}
@@ -163,9 +151,9 @@ func TestCUDAEveryDevice(t *testing.T) {
 func TestCUDAErrors(t *testing.T) {
 	d := openCUDA(t)
 	_, err := d.MemAlloc(1 << 50) // 1 PiB
-	var e *Error
-	if !errors.Is(err, ErrOutOfMemory) || !errors.As(err, &e) ||
-		e.Call != "cuMemAlloc_v2" || e.Name != "CUDA_ERROR_OUT_OF_MEMORY" || e.Code != cuResultOutOfMemory {
+	var e *device.Error
+	if !errors.Is(err, device.ErrOutOfMemory) || !errors.As(err, &e) ||
+		e.Call != "cuMemAlloc_v2" || e.Name != "CUDA_ERROR_OUT_OF_MEMORY" || e.Code != 2 /* CUDA_ERROR_OUT_OF_MEMORY */ {
 		t.Errorf("MemAlloc(1 PiB) = %#v, want *Error{cuMemAlloc_v2, 2, CUDA_ERROR_OUT_OF_MEMORY} matching ErrOutOfMemory", err)
 	}
 	t.Logf("MemAlloc(1 PiB): %v", err)
@@ -173,14 +161,14 @@ func TestCUDAErrors(t *testing.T) {
 		g, err := d.AllocationGranularity()
 		cuMust(t, err)
 		_, err = d.MemCreate(1 << 50 / g * g)
-		t.Logf("MemCreate(1 PiB): %v (ErrOutOfMemory: %v)", err, errors.Is(err, ErrOutOfMemory))
+		t.Logf("MemCreate(1 PiB): %v (ErrOutOfMemory: %v)", err, errors.Is(err, device.ErrOutOfMemory))
 		if err == nil {
 			t.Error("MemCreate(1 PiB) succeeded")
 		}
 	}
-	before := d.Counts()[CallMemcpyDtoH]
+	before := d.Counts()[device.CallMemcpyDtoH]
 	cuMust(t, d.MemcpyDtoH(nil, 0))
-	if d.Counts()[CallMemcpyDtoH] != before {
+	if d.Counts()[device.CallMemcpyDtoH] != before {
 		t.Error("MemcpyDtoH of nothing called the driver")
 	}
 }
@@ -227,7 +215,7 @@ func TestCUDAEventsAcrossStreams(t *testing.T) {
 	cuWantWords(t, "end of the buffer", cuReadWords(t, d, p+size-4096, 1024), 1)
 
 	c := d.Counts()
-	for _, k := range []Call{CallStreamCreate, CallEventCreate, CallEventRecord, CallEventQuery, CallStreamWaitEvent, CallMemsetD32Async} {
+	for _, k := range []device.Call{device.CallStreamCreate, device.CallEventCreate, device.CallEventRecord, device.CallEventQuery, device.CallStreamWaitEvent, device.CallMemsetD32Async} {
 		if c[k] == 0 {
 			t.Errorf("Counts()[%v] = 0", k)
 		}
@@ -236,7 +224,7 @@ func TestCUDAEventsAcrossStreams(t *testing.T) {
 }
 
 // TestCUDAWithContext: a context made by other code in the process serves
-// CUDAWithContext, and neither kind of device disturbs the context stack
+// WithContext, and neither kind of device disturbs the context stack
 // of the caller's thread.
 func TestCUDAWithContext(t *testing.T) {
 	primary := openCUDA(t)
@@ -263,7 +251,7 @@ func TestCUDAWithContext(t *testing.T) {
 		t.Fatal("cuCtxCreate returned the primary context")
 	}
 
-	own, err := CUDAWithContext(0, ctx)
+	own, err := WithContext(0, ctx)
 	cuMust(t, err)
 	p, err := own.MemAlloc(1 << 20)
 	cuMust(t, err)
@@ -290,16 +278,16 @@ func TestCUDAWithContext(t *testing.T) {
 		t.Errorf("after calls from a thread with no context, current = %#x, want none", cur)
 	}
 	cuMust(t, own.Close())
-	if _, err := own.MemAlloc(4096); !errors.Is(err, ErrInvalidValue) {
+	if _, err := own.MemAlloc(4096); !errors.Is(err, device.ErrInvalidValue) {
 		t.Errorf("MemAlloc after Close = %v, want ErrInvalidValue", err)
 	}
 
-	if _, err := CUDAWithContext(0, 0); !errors.Is(err, ErrInvalidValue) {
-		t.Errorf("CUDAWithContext(0, nil) = %v, want ErrInvalidValue", err)
+	if _, err := WithContext(0, 0); !errors.Is(err, device.ErrInvalidValue) {
+		t.Errorf("WithContext(0, nil) = %v, want ErrInvalidValue", err)
 	}
 	if n, _ := Count(); n > 1 {
-		if _, err := CUDAWithContext(1, ctx); !errors.Is(err, ErrInvalidValue) {
-			t.Errorf("CUDAWithContext(1, device 0's context) = %v, want ErrInvalidValue", err)
+		if _, err := WithContext(1, ctx); !errors.Is(err, device.ErrInvalidValue) {
+			t.Errorf("WithContext(1, device 0's context) = %v, want ErrInvalidValue", err)
 		}
 	}
 }
@@ -308,17 +296,17 @@ func TestCUDAWithContext(t *testing.T) {
 // leaves the other working, and a closed device fails cleanly.
 func TestCUDAClose(t *testing.T) {
 	a := openCUDA(t)
-	b, err := CUDA(0)
+	b, err := Open(0)
 	cuMust(t, err)
 	if a.Context() != b.Context() {
 		t.Errorf("two CUDA(0) have contexts %#x and %#x, want the one primary context", a.Context(), b.Context())
 	}
 	cuMust(t, b.Close())
 	cuMust(t, b.Close())
-	if _, err := b.MemAlloc(4096); !errors.Is(err, ErrInvalidValue) {
+	if _, err := b.MemAlloc(4096); !errors.Is(err, device.ErrInvalidValue) {
 		t.Errorf("MemAlloc after Close = %v, want ErrInvalidValue", err)
 	}
-	if _, err := b.EventQuery(0); !errors.Is(err, ErrInvalidValue) {
+	if _, err := b.EventQuery(0); !errors.Is(err, device.ErrInvalidValue) {
 		t.Errorf("EventQuery after Close = %v, want ErrInvalidValue", err)
 	}
 	p, err := a.MemAlloc(4096)
@@ -380,7 +368,7 @@ func BenchmarkCUDAVMMPage(b *testing.B) {
 	var t [5]time.Duration
 	calls := 0
 	for b.Loop() {
-		hs := make([]MemHandle, pages)
+		hs := make([]device.MemHandle, pages)
 		for i := range hs {
 			t0 := time.Now()
 			h, err := d.MemCreate(gran)

@@ -1,8 +1,9 @@
-package device
+package sim
 
 import (
 	"testing"
 
+	"github.com/gpumem/tlsf/device"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -10,16 +11,16 @@ import (
 // simStreamFixture is a Sim with contents kept, a 64 KiB linear buffer and
 // two streams.
 type simStreamFixture struct {
-	s      *Sim
+	s      *Device
 	p      uintptr
-	s1, s2 Stream
+	s1, s2 device.Stream
 }
 
 const simBuf = 64 << 10
 
 func newSimStreamFixture(t *testing.T) *simStreamFixture {
 	t.Helper()
-	s := NewSim(SimConfig{Capacity: 64 * simMiB, Granularity: 64 << 10, Shadow: true})
+	s := New(Config{Capacity: 64 * simMiB, Granularity: 64 << 10, Shadow: true})
 	p, err := s.MemAlloc(simBuf)
 	require.NoError(t, err)
 	s1, err := s.StreamCreate()
@@ -29,14 +30,14 @@ func newSimStreamFixture(t *testing.T) *simStreamFixture {
 	return &simStreamFixture{s, p, s1, s2}
 }
 
-func (f *simStreamFixture) event(t *testing.T) Event {
+func (f *simStreamFixture) event(t *testing.T) device.Event {
 	t.Helper()
 	e, err := f.s.EventCreate()
 	require.NoError(t, err)
 	return e
 }
 
-func (f *simStreamFixture) done(t *testing.T, e Event) bool {
+func (f *simStreamFixture) done(t *testing.T, e device.Event) bool {
 	t.Helper()
 	d, err := f.s.EventQuery(e)
 	require.NoError(t, err)
@@ -64,7 +65,7 @@ func TestSimHoldDefersWork(t *testing.T) {
 
 	// Reading the bytes the held work will write is a race, and sees the
 	// old contents.
-	assert.Equal(t, SimUninitialized, f.word(t, f.p))
+	assert.Equal(t, Uninitialized, f.word(t, f.p))
 	v := f.s.Violations()
 	require.Len(t, v, 1)
 	assert.Contains(t, v[0], "race")
@@ -207,7 +208,7 @@ func TestSimFreeWithHeldWorkIsAViolation(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, f.p, q)
 	require.NoError(t, f.s.ReleaseStream(f.s1))
-	assert.Equal(t, SimUninitialized, f.word(t, q))
+	assert.Equal(t, Uninitialized, f.word(t, q))
 	assert.Len(t, f.s.Violations(), 1)
 	simCheck(t, f.s)
 }
@@ -231,7 +232,7 @@ func TestSimUnmapWithHeldWorkIsAViolation(t *testing.T) {
 	require.NoError(t, f.s.MemSetAccess(va+uintptr(g), g))
 	require.NoError(t, f.s.ReleaseStream(f.s1))
 	assert.Equal(t, uint32(0xa), f.word(t, va+uintptr(g)-4))
-	assert.Equal(t, SimUninitialized, f.word(t, va+uintptr(g)))
+	assert.Equal(t, Uninitialized, f.word(t, va+uintptr(g)))
 
 	// Releasing the unmapped handle: its memory goes, no further report.
 	require.NoError(t, f.s.MemRelease(hs[1]))
@@ -246,8 +247,8 @@ func TestSimDestroyHeldStream(t *testing.T) {
 	require.NoError(t, f.s.MemsetD32Async(f.p, 7, 1, f.s1))
 	require.NoError(t, f.s.EventRecord(e, f.s1))
 	require.NoError(t, f.s.StreamDestroy(f.s1), "destroying a stream with work queued is allowed")
-	assert.ErrorIs(t, f.s.StreamSynchronize(f.s1), ErrInvalidValue)
-	assert.ErrorIs(t, f.s.HoldStream(f.s1), ErrInvalidValue)
+	assert.ErrorIs(t, f.s.StreamSynchronize(f.s1), device.ErrInvalidValue)
+	assert.ErrorIs(t, f.s.HoldStream(f.s1), device.ErrInvalidValue)
 	assert.False(t, f.done(t, e))
 	simCheck(t, f.s)
 	require.NoError(t, f.s.EventSynchronize(e), "the queued work still completes")
@@ -296,7 +297,7 @@ func TestSimStreamEventMisuse(t *testing.T) {
 		{"memset overflow", func() error { return f.s.MemsetD32(f.p, 0, 1<<62) }},
 	}
 	for _, c := range cases {
-		assert.ErrorIs(t, c.call(), ErrInvalidValue, c.name)
+		assert.ErrorIs(t, c.call(), device.ErrInvalidValue, c.name)
 	}
 	ev, err := f.s.EventCreate()
 	require.NoError(t, err)
@@ -307,7 +308,7 @@ func TestSimStreamEventMisuse(t *testing.T) {
 	assert.NotEqual(t, ev, e2)
 	require.NoError(t, f.s.StreamWaitEvent(f.s2, ev))
 	counts := f.s.Counts()
-	assert.Equal(t, uint64(3), counts[CallStreamWaitEvent], "StreamWaitEvent counts, failed calls too")
+	assert.Equal(t, uint64(3), counts[device.CallStreamWaitEvent], "StreamWaitEvent counts, failed calls too")
 	simCheck(t, f.s)
 }
 
@@ -326,11 +327,11 @@ func TestSimIllegalAddress(t *testing.T) {
 		{"copy wrapping the address space", func() error { return f.s.MemcpyDtoH(buf, ^uintptr(0)-3) }},
 	}
 	for _, c := range cases {
-		assert.ErrorIs(t, c.call(), ErrIllegalAddress, c.name)
+		assert.ErrorIs(t, c.call(), device.ErrIllegalAddress, c.name)
 	}
 	require.NoError(t, f.s.MemFree(f.p))
-	assert.ErrorIs(t, f.s.MemsetD32(f.p, 0, 1), ErrIllegalAddress, "use after free")
-	assert.ErrorIs(t, f.s.MemcpyDtoH(buf, f.p), ErrIllegalAddress, "use after free")
+	assert.ErrorIs(t, f.s.MemsetD32(f.p, 0, 1), device.ErrIllegalAddress, "use after free")
+	assert.ErrorIs(t, f.s.MemcpyDtoH(buf, f.p), device.ErrIllegalAddress, "use after free")
 	require.NoError(t, f.s.MemsetD32(0x1000, 0, 0), "zero words touch nothing")
 	require.NoError(t, f.s.MemcpyDtoH(nil, 0x1000), "zero bytes touch nothing")
 }
@@ -339,11 +340,11 @@ func TestSimWithoutHoldsEverythingIsDone(t *testing.T) {
 	f := newSimStreamFixture(t)
 	e := f.event(t)
 	for i := range 10 {
-		st := []Stream{0, f.s1, f.s2}[i%3]
+		st := []device.Stream{0, f.s1, f.s2}[i%3]
 		require.NoError(t, f.s.MemsetD32Async(f.p, uint32(i), simBuf/4, st))
 		require.NoError(t, f.s.EventRecord(e, st))
 		assert.True(t, f.done(t, e))
-		require.NoError(t, f.s.StreamWaitEvent([]Stream{0, f.s1, f.s2}[(i+1)%3], e))
+		require.NoError(t, f.s.StreamWaitEvent([]device.Stream{0, f.s1, f.s2}[(i+1)%3], e))
 	}
 	assert.Zero(t, f.s.Stats().QueuedWork)
 	assert.Empty(t, f.s.Violations())

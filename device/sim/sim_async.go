@@ -1,10 +1,10 @@
-package device
+package sim
 
 // The stream-ordered allocator on Sim: cuMemAllocAsync, cuMemFreeAsync
 // and the default pool's trim and attributes (AsyncAllocator).
 //
 // What is modelled. Each process has one default pool. It holds capacity
-// in whole granules (SimConfig.Granularity, 2 MiB by default), counted in
+// in whole granules (Config.Granularity, 2 MiB by default), counted in
 // Used and taken from the GPU's free memory like any allocation. An
 // allocation is a region of addresses of its own, rounded up to 512 bytes
 // like MemAlloc's, with its own contents (Shadow); when the pool's live
@@ -30,7 +30,11 @@ package device
 // releases memory, the cost of cuMemCreate or cuMemRelease of those
 // bytes, charged to the call that caused it.
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/gpumem/tlsf/device"
+)
 
 // simAsyncPool is a process's default memory pool. Guarded by g.mu.
 type simAsyncPool struct {
@@ -42,7 +46,7 @@ type simAsyncPool struct {
 	reservedHigh, liveHigh uint64
 }
 
-var _ AsyncAllocator = (*Sim)(nil)
+var _ device.AsyncAllocator = (*Device)(nil)
 
 // MemAllocAsync allocates size bytes from the process's default pool for
 // stream h (cuMemAllocAsync), growing the pool by whole granules as
@@ -50,17 +54,17 @@ var _ AsyncAllocator = (*Sim)(nil)
 // (Sim runs work when issued). Errors: size 0 or an unknown stream is
 // ErrInvalidValue; too little free capacity or address space is
 // ErrOutOfMemory, and then the pool is as before.
-func (s *Sim) MemAllocAsync(size uint64, h Stream) (ptr uintptr, err error) {
-	const c = CallMemAllocAsync
+func (s *Device) MemAllocAsync(size uint64, h device.Stream) (ptr uintptr, err error) {
+	const c = device.CallMemAllocAsync
 	err = s.do(c, func() (uint64, error) {
 		if _, err := s.stream(c, h); err != nil {
 			return 0, err
 		}
 		if size == 0 {
-			return 0, simErr(c, ErrInvalidValue, "size 0")
+			return 0, simErr(c, device.ErrInvalidValue, "size 0")
 		}
 		if size > s.g.capacity {
-			return 0, simErr(c, ErrOutOfMemory, "%d bytes wanted, capacity %d", size, s.g.capacity)
+			return 0, simErr(c, device.ErrOutOfMemory, "%d bytes wanted, capacity %d", size, s.g.capacity)
 		}
 		p := &s.apool
 		charge, _ := roundUp64(size, simLinearAlign) // no overflow: size ≤ capacity
@@ -75,12 +79,12 @@ func (s *Sim) MemAllocAsync(size uint64, h Stream) (ptr uintptr, err error) {
 		ptr, ok = s.va.alloc(charge, simLinearAlign)
 		if !ok {
 			s.uncharge(grow)
-			return 0, simErr(c, ErrOutOfMemory, "no %d bytes of address space left", charge)
+			return 0, simErr(c, device.ErrOutOfMemory, "no %d bytes of address space left", charge)
 		}
 		s.insertRegion(&simRegion{start: ptr, size: charge, ph: &simPhys{size: size, charge: charge, async: true}})
 		if grow > 0 {
 			p.reserved += grow
-			if f := s.lat.Cost[CallMemCreate]; f != nil {
+			if f := s.lat.Cost[device.CallMemCreate]; f != nil {
 				s.times[c] += f(grow)
 			}
 		}
@@ -100,8 +104,8 @@ func (s *Sim) MemAllocAsync(size uint64, h Stream) (ptr uintptr, err error) {
 // violation (see the file comment). Errors: an unknown stream, or a ptr
 // that is not the start of a live MemAllocAsync allocation, is
 // ErrInvalidValue.
-func (s *Sim) MemFreeAsync(ptr uintptr, h Stream) error {
-	const c = CallMemFreeAsync
+func (s *Device) MemFreeAsync(ptr uintptr, h device.Stream) error {
+	const c = device.CallMemFreeAsync
 	return s.do(c, func() (uint64, error) {
 		st, err := s.stream(c, h)
 		if err != nil {
@@ -110,9 +114,9 @@ func (s *Sim) MemFreeAsync(ptr uintptr, h Stream) error {
 		r, i := s.regionAt(ptr)
 		switch {
 		case r == nil || r.ph == nil || !r.ph.async:
-			return 0, simErr(c, ErrInvalidValue, "%#x was not allocated by cuMemAllocAsync", ptr)
+			return 0, simErr(c, device.ErrInvalidValue, "%#x was not allocated by cuMemAllocAsync", ptr)
 		case r.start != ptr:
-			return 0, simErr(c, ErrInvalidValue, "%#x is inside the allocation at %#x, not its start", ptr, r.start)
+			return 0, simErr(c, device.ErrInvalidValue, "%#x is inside the allocation at %#x, not its start", ptr, r.start)
 		}
 		// The free's place in the order: after everything issued on h so
 		// far and everything the host has seen complete.
@@ -144,7 +148,7 @@ func (s *Sim) MemFreeAsync(ptr uintptr, h Stream) error {
 // asyncRelease returns to the GPU what the pool holds beyond
 // max(live rounded up to a granule, keep rounded down to a granule), and
 // charges call c the cost of releasing it. g.mu held.
-func (s *Sim) asyncRelease(c Call, keep uint64) {
+func (s *Device) asyncRelease(c device.Call, keep uint64) {
 	p := &s.apool
 	g := s.cfg.Granularity
 	floor, _ := roundUp64(p.live, g) // no overflow: live ≤ capacity
@@ -155,7 +159,7 @@ func (s *Sim) asyncRelease(c Call, keep uint64) {
 	n := p.reserved - target
 	p.reserved = target
 	s.uncharge(n)
-	if f := s.lat.Cost[CallMemRelease]; f != nil {
+	if f := s.lat.Cost[device.CallMemRelease]; f != nil {
 		s.times[c] += f(n)
 	}
 }
@@ -163,8 +167,8 @@ func (s *Sim) asyncRelease(c Call, keep uint64) {
 // MemPoolTrimTo returns to the GPU what the default pool holds beyond
 // max(live bytes rounded up to a granule, keep rounded down to a granule)
 // (cuMemPoolTrimTo). It cannot fail but for injected faults.
-func (s *Sim) MemPoolTrimTo(keep uint64) error {
-	const c = CallMemPoolTrimTo
+func (s *Device) MemPoolTrimTo(keep uint64) error {
+	const c = device.CallMemPoolTrimTo
 	return s.do(c, func() (uint64, error) {
 		s.asyncRelease(c, keep)
 		return 0, nil
@@ -176,23 +180,23 @@ func (s *Sim) MemPoolTrimTo(keep uint64) error {
 // (reserved, rounded to granules) and live (each allocation rounded up to
 // 512 bytes), and their high-water marks. Errors: an attribute not listed
 // with MemPoolAttribute is ErrInvalidValue.
-func (s *Sim) MemPoolGetAttribute(attr MemPoolAttribute) (v uint64, err error) {
-	const c = CallMemPoolGetAttribute
+func (s *Device) MemPoolGetAttribute(attr device.MemPoolAttribute) (v uint64, err error) {
+	const c = device.CallMemPoolGetAttribute
 	err = s.do(c, func() (uint64, error) {
 		p := &s.apool
 		switch attr {
-		case MemPoolReleaseThreshold:
+		case device.MemPoolReleaseThreshold:
 			v = p.threshold
-		case MemPoolReservedMemCurrent:
+		case device.MemPoolReservedMemCurrent:
 			v = p.reserved
-		case MemPoolReservedMemHigh:
+		case device.MemPoolReservedMemHigh:
 			v = p.reservedHigh
-		case MemPoolUsedMemCurrent:
+		case device.MemPoolUsedMemCurrent:
 			v = p.live
-		case MemPoolUsedMemHigh:
+		case device.MemPoolUsedMemHigh:
 			v = p.liveHigh
 		default:
-			return 0, simErr(c, ErrInvalidValue, "attribute %v", attr)
+			return 0, simErr(c, device.ErrInvalidValue, "attribute %v", attr)
 		}
 		return 0, nil
 	})
@@ -203,19 +207,19 @@ func (s *Sim) MemPoolGetAttribute(attr MemPoolAttribute) (v uint64, err error) {
 // or resets a high-water mark to the current value (value 0)
 // (cuMemPoolSetAttribute). Errors: another attribute, or a non-zero value
 // for a high-water mark, is ErrInvalidValue.
-func (s *Sim) MemPoolSetAttribute(attr MemPoolAttribute, value uint64) error {
-	const c = CallMemPoolSetAttribute
+func (s *Device) MemPoolSetAttribute(attr device.MemPoolAttribute, value uint64) error {
+	const c = device.CallMemPoolSetAttribute
 	return s.do(c, func() (uint64, error) {
 		p := &s.apool
 		switch {
-		case attr == MemPoolReleaseThreshold:
+		case attr == device.MemPoolReleaseThreshold:
 			p.threshold = value
-		case attr == MemPoolReservedMemHigh && value == 0:
+		case attr == device.MemPoolReservedMemHigh && value == 0:
 			p.reservedHigh = p.reserved
-		case attr == MemPoolUsedMemHigh && value == 0:
+		case attr == device.MemPoolUsedMemHigh && value == 0:
 			p.liveHigh = p.live
 		default:
-			return 0, simErr(c, ErrInvalidValue, "cannot set %v to %d", attr, value)
+			return 0, simErr(c, device.ErrInvalidValue, "cannot set %v to %d", attr, value)
 		}
 		return 0, nil
 	})

@@ -1,4 +1,4 @@
-package device
+package sim
 
 // Property tests: Sim against plain reference models.
 
@@ -7,6 +7,7 @@ import (
 	"sort"
 	"testing"
 
+	"github.com/gpumem/tlsf/device"
 	"pgregory.net/rapid"
 )
 
@@ -18,7 +19,7 @@ func simNeed(t *rapid.T, what string, err, want error) {
 	}
 }
 
-func simRapidCheck(t *rapid.T, s *Sim) {
+func simRapidCheck(t *rapid.T, s *Device) {
 	t.Helper()
 	if err := s.Check(); err != nil {
 		t.Fatal(err)
@@ -31,7 +32,7 @@ func simRapidCheck(t *rapid.T, s *Sim) {
 func TestSimLinearProperty(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		const capacity = 4 << 20
-		s := NewSim(SimConfig{Capacity: capacity})
+		s := New(Config{Capacity: capacity})
 		other := s.NewProcess()
 		live := map[uintptr]uint64{} // start → requested size
 		var otherUsed uint64
@@ -64,7 +65,7 @@ func TestSimLinearProperty(t *testing.T) {
 				n := rapid.OneOf(rapid.Uint64Range(1, 1024), rapid.Uint64Range(1, capacity/2)).Draw(t, "size")
 				p, err := s.MemAlloc(n)
 				if charge(n) > capacity-used()-otherUsed {
-					simNeed(t, "MemAlloc", err, ErrOutOfMemory)
+					simNeed(t, "MemAlloc", err, device.ErrOutOfMemory)
 					return
 				}
 				simNeed(t, "MemAlloc", err, nil)
@@ -92,7 +93,7 @@ func TestSimLinearProperty(t *testing.T) {
 				if ok {
 					t.Skip("a real allocation")
 				}
-				simNeed(t, "MemFree", s.MemFree(p), ErrInvalidValue)
+				simNeed(t, "MemFree", s.MemFree(p), device.ErrInvalidValue)
 			},
 			"other process": func(t *rapid.T) {
 				n := rapid.Uint64Range(0, capacity/4).Draw(t, "bytes")
@@ -125,8 +126,8 @@ func TestSimLinearProperty(t *testing.T) {
 // simModel is a reference model of one process's VMM state, byte by byte.
 type simModel struct {
 	g        uint64
-	handles  map[MemHandle]*simModelHandle
-	all      []MemHandle // every handle ever made, for drawing stale ones
+	handles  map[device.MemHandle]*simModelHandle
+	all      []device.MemHandle // every handle ever made, for drawing stale ones
 	res      []*simModelRes
 	capacity uint64
 }
@@ -146,7 +147,7 @@ type simModelRes struct {
 
 type simModelMap struct {
 	start  uintptr
-	h      MemHandle
+	h      device.MemHandle
 	access bool
 }
 
@@ -190,7 +191,7 @@ func (m *simModel) run(r *simModelRes, p uintptr, n uint64) (int, int, bool) {
 	return 0, 0, false
 }
 
-func (m *simModel) release(hd MemHandle) {
+func (m *simModel) release(hd device.MemHandle) {
 	if h := m.handles[hd]; h.released && h.maps == 0 {
 		delete(m.handles, hd)
 	}
@@ -203,8 +204,8 @@ func TestSimVMMProperty(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		const g = 4096
 		const capacity = 24 * g
-		s := NewSim(SimConfig{Capacity: capacity, Granularity: g, Shadow: true})
-		m := &simModel{g: g, handles: map[MemHandle]*simModelHandle{}, capacity: capacity}
+		s := New(Config{Capacity: capacity, Granularity: g, Shadow: true})
+		m := &simModel{g: g, handles: map[device.MemHandle]*simModelHandle{}, capacity: capacity}
 
 		drawRes := func(t *rapid.T) *simModelRes {
 			if len(m.res) == 0 {
@@ -250,7 +251,7 @@ func TestSimVMMProperty(t *testing.T) {
 				r := drawRes(t)
 				err := s.AddressFree(r.start, r.size)
 				if len(r.maps) > 0 {
-					simNeed(t, "AddressFree", err, ErrInvalidValue)
+					simNeed(t, "AddressFree", err, device.ErrInvalidValue)
 					return
 				}
 				simNeed(t, "AddressFree", err, nil)
@@ -264,7 +265,7 @@ func TestSimVMMProperty(t *testing.T) {
 				n := rapid.Uint64Range(1, 4).Draw(t, "granules") * g
 				h, err := s.MemCreate(n)
 				if m.used()+n > capacity {
-					simNeed(t, "MemCreate", err, ErrOutOfMemory)
+					simNeed(t, "MemCreate", err, device.ErrOutOfMemory)
 					return
 				}
 				simNeed(t, "MemCreate", err, nil)
@@ -279,7 +280,7 @@ func TestSimVMMProperty(t *testing.T) {
 				err := s.MemRelease(hd)
 				h := m.handles[hd]
 				if h == nil || h.released {
-					simNeed(t, "MemRelease", err, ErrInvalidValue)
+					simNeed(t, "MemRelease", err, device.ErrInvalidValue)
 					return
 				}
 				simNeed(t, "MemRelease", err, nil)
@@ -306,7 +307,7 @@ func TestSimVMMProperty(t *testing.T) {
 					}
 				}
 				if !ok {
-					simNeed(t, "MemMap", err, ErrInvalidValue)
+					simNeed(t, "MemMap", err, device.ErrInvalidValue)
 					return
 				}
 				simNeed(t, "MemMap", err, nil)
@@ -320,7 +321,7 @@ func TestSimVMMProperty(t *testing.T) {
 				err := s.MemUnmap(p, n)
 				i, j, ok := m.run(r, p, n)
 				if !ok {
-					simNeed(t, "MemUnmap", err, ErrInvalidValue)
+					simNeed(t, "MemUnmap", err, device.ErrInvalidValue)
 					return
 				}
 				simNeed(t, "MemUnmap", err, nil)
@@ -337,7 +338,7 @@ func TestSimVMMProperty(t *testing.T) {
 				err := s.MemSetAccess(p, n)
 				i, j, ok := m.run(r, p, n)
 				if !ok {
-					simNeed(t, "MemSetAccess", err, ErrInvalidValue)
+					simNeed(t, "MemSetAccess", err, device.ErrInvalidValue)
 					return
 				}
 				simNeed(t, "MemSetAccess", err, nil)
@@ -351,7 +352,7 @@ func TestSimVMMProperty(t *testing.T) {
 				v := rapid.Uint32().Draw(t, "value")
 				err := s.MemsetD32(p, v, n/4)
 				if !reach(p, n) {
-					simNeed(t, "MemsetD32", err, ErrIllegalAddress)
+					simNeed(t, "MemsetD32", err, device.ErrIllegalAddress)
 					return
 				}
 				simNeed(t, "MemsetD32", err, nil)
@@ -366,7 +367,7 @@ func TestSimVMMProperty(t *testing.T) {
 				got := make([]byte, n)
 				err := s.MemcpyDtoH(got, p)
 				if !reach(p, n) {
-					simNeed(t, "MemcpyDtoH", err, ErrIllegalAddress)
+					simNeed(t, "MemcpyDtoH", err, device.ErrIllegalAddress)
 					return
 				}
 				simNeed(t, "MemcpyDtoH", err, nil)
@@ -403,16 +404,16 @@ func TestSimVMMProperty(t *testing.T) {
 func TestSimStreamProperty(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		const words = 16
-		s := NewSim(SimConfig{Capacity: 1 << 20, Shadow: true})
+		s := New(Config{Capacity: 1 << 20, Shadow: true})
 		p, err := s.MemAlloc(4 * words)
 		simNeed(t, "MemAlloc", err, nil)
-		streams := []Stream{0}
+		streams := []device.Stream{0}
 		for range 2 {
 			st, err := s.StreamCreate()
 			simNeed(t, "StreamCreate", err, nil)
 			streams = append(streams, st)
 		}
-		var events []Event
+		var events []device.Event
 		for range 3 {
 			e, err := s.EventCreate()
 			simNeed(t, "EventCreate", err, nil)
@@ -420,10 +421,10 @@ func TestSimStreamProperty(t *testing.T) {
 		}
 		want := make([]uint32, words)
 		for i := range want {
-			want[i] = SimUninitialized
+			want[i] = Uninitialized
 		}
 		next := uint32(1)
-		held := map[Stream]bool{}
+		held := map[device.Stream]bool{}
 		drawWords := func(t *rapid.T) (int, int) {
 			lo := rapid.IntRange(0, words-1).Draw(t, "word")
 			return lo, rapid.IntRange(1, words-lo).Draw(t, "count")

@@ -1,4 +1,4 @@
-package device
+package sim
 
 // Sim: a simulated GPU for tests and CI.
 //
@@ -9,8 +9,8 @@ package device
 //
 // One physical GPU, several processes. A simGPU holds what processes
 // share: the capacity, the bytes in use across all of them, and the one
-// mutex every Sim method takes. NewSim makes the GPU and its first process;
-// NewProcess adds another process (another *Sim) on the same GPU. Each
+// mutex every Sim method takes. New makes the GPU and its first process;
+// NewProcess adds another process (another *Device) on the same GPU. Each
 // process has its own address space, handles, streams, counters and
 // faults, as a real process has its own CUDA context; only capacity is
 // shared, so one process's allocations lower the free memory another sees
@@ -29,12 +29,12 @@ package device
 //
 // Physical memory. A simPhys is one physical allocation: a linear
 // allocation (MemAlloc, MemAllocPitch) or a MemCreate handle. It carries
-// the capacity it consumes and, with SimConfig.Shadow, its contents
+// the capacity it consumes and, with Config.Shadow, its contents
 // (sim_shadow.go): an interval map of 32-bit fill words, so a memset of
 // many GiB costs one entry. Contents belong to the physical allocation,
 // not to addresses: a handle unmapped and mapped elsewhere keeps them; a
 // different handle mapped at the same address does not see them. Memory
-// never written reads as SimUninitialized.
+// never written reads as Uninitialized.
 //
 // VMM (sim_vmm.go) follows the driver's rules: mappings only inside
 // reservations, whole handles at offset 0, access granted with
@@ -65,15 +65,17 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/gpumem/tlsf/device"
 )
 
-// SimUninitialized is the 32-bit word that memory never written reads as,
+// Uninitialized is the 32-bit word that memory never written reads as,
 // stored little-endian like any word: bytes 0x0d 0xf0 0xad 0xba repeating
-// from every 4-byte aligned address. Without SimConfig.Shadow, all memory
+// from every 4-byte aligned address. Without Config.Shadow, all memory
 // reads as this.
-const SimUninitialized uint32 = 0xBAADF00D
+const Uninitialized uint32 = 0xBAADF00D
 
-// Defaults for SimConfig's zero fields.
+// Defaults for Config's zero fields.
 const (
 	// 143771 MiB: the total that cuMemGetInfo reports on an H200 (the
 	// board carries 144 GiB of HBM3e; the driver keeps the rest).
@@ -99,9 +101,9 @@ const (
 // exact and predictable for tests.
 const simLinearAlign = 512
 
-// SimConfig configures NewSim. The zero value of every field selects the
+// Config configures New. The zero value of every field selects the
 // default given with it, which models an H200.
-type SimConfig struct {
+type Config struct {
 	// Capacity is the GPU's memory in bytes, shared by all processes.
 	// Default 150754820096 (143771 MiB, an H200's cuMemGetInfo total).
 	Capacity uint64
@@ -113,13 +115,13 @@ type SimConfig struct {
 	NoVMM bool
 	// Latency is the model of call durations; nil selects H200Latency().
 	// It is shared by the GPU's processes and must not change after
-	// NewSim.
+	// New.
 	Latency *Latency
 	// Seed seeds the PRNG behind FailRate; the same seed and the same
 	// sequence of calls give the same failures.
 	Seed uint64
 	// Shadow keeps the contents of device memory, so MemcpyDtoH returns
-	// what memsets wrote. Without it, every read returns SimUninitialized
+	// what memsets wrote. Without it, every read returns Uninitialized
 	// (addresses are still validated).
 	Shadow bool
 	// Name is what Name reports. Default "Simulated H200".
@@ -140,35 +142,35 @@ type simGPU struct {
 	capacity uint64     // bytes
 	used     uint64     // bytes in use: every process's used plus occupied
 	occupied uint64     // bytes taken by Occupy
-	procs    []*Sim     // every process, in creation order
+	procs    []*Device  // every process, in creation order
 }
 
-// Sim is a deterministic simulated GPU implementing Device: one process's
+// Device is a deterministic simulated GPU implementing device.Device: one process's
 // view of it. See the comment at the top of sim.go for the design.
 //
 // All methods are safe for concurrent use; calls on all processes of one
 // GPU are serialised by one mutex, so each call is atomic. A failed call
 // changes nothing but the counters and the simulated time.
-type Sim struct {
+type Device struct {
 	g    *simGPU
-	cfg  SimConfig // defaults filled in
+	cfg  Config // defaults filled in
 	lat  *Latency
-	proc int                        // index among the GPU's processes
-	hook atomic.Pointer[func(Call)] // SetHook; called outside g.mu
+	proc int                               // index among the GPU's processes
+	hook atomic.Pointer[func(device.Call)] // SetHook; called outside g.mu
 
 	// Guarded by g.mu.
 	closed     bool
-	counts     Counts
-	times      [NumCalls]time.Duration
+	counts     device.Counts
+	times      [device.NumCalls]time.Duration
 	used       uint64 // capacity this process consumes, bytes
 	va         simVA
 	regions    []*simRegion // linear allocations and reservations, by start
-	handles    map[MemHandle]*simPhys
+	handles    map[device.MemHandle]*simPhys
 	nextHandle uint64
-	streams    map[Stream]*simStream // every stream ever made, destroyed ones too
-	live       []*simStream          // streams not yet retired, in creation order
+	streams    map[device.Stream]*simStream // every stream ever made, destroyed ones too
+	live       []*simStream                 // streams not yet retired, in creation order
 	nextStream uint64
-	events     map[Event]*simEvent // events not destroyed
+	events     map[device.Event]*simEvent // events not destroyed
 	nextEvent  uint64
 	host       simClock // what the host has seen complete
 	faults     simFaults
@@ -176,11 +178,11 @@ type Sim struct {
 	apool      simAsyncPool // the default pool of MemAllocAsync (sim_async.go)
 }
 
-// NewSim returns the first process on a new simulated GPU configured by
+// New returns the first process on a new simulated GPU configured by
 // cfg. It panics if cfg is inconsistent: a granularity, pitch alignment or
 // texture pitch alignment that is not a power of two, or a granularity
 // below 512 bytes.
-func NewSim(cfg SimConfig) *Sim {
+func New(cfg Config) *Device {
 	if cfg.Capacity == 0 {
 		cfg.Capacity = simDefaultCapacity
 	}
@@ -208,11 +210,11 @@ func NewSim(cfg SimConfig) *Sim {
 		{"TexturePitchAlignment", cfg.TexturePitchAlignment},
 	} {
 		if bits.OnesCount64(f.v) != 1 {
-			panic(fmt.Sprintf("device: NewSim: %s %d is not a power of two", f.name, f.v))
+			panic(fmt.Sprintf("sim: New: %s %d is not a power of two", f.name, f.v))
 		}
 	}
 	if cfg.Granularity < simLinearAlign {
-		panic(fmt.Sprintf("device: NewSim: Granularity %d is below %d bytes", cfg.Granularity, simLinearAlign))
+		panic(fmt.Sprintf("sim: New: Granularity %d is below %d bytes", cfg.Granularity, simLinearAlign))
 	}
 	g := &simGPU{capacity: cfg.Capacity}
 	g.mu.Lock()
@@ -224,7 +226,7 @@ func NewSim(cfg SimConfig) *Sim {
 // like s: it shares the capacity (and the lock) with every other process
 // and has its own address space, handles, streams, counters, faults and
 // hook. Its handles and pointers are not valid in other processes.
-func (s *Sim) NewProcess() *Sim {
+func (s *Device) NewProcess() *Device {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	return s.g.newProcess(s.cfg)
@@ -245,18 +247,18 @@ const simVATop uint64 = 0x7f00_0000_0000
 // space runs out.
 const simVASpan uint64 = 1 << 42
 
-func (g *simGPU) newProcess(cfg SimConfig) *Sim {
+func (g *simGPU) newProcess(cfg Config) *Device {
 	p := len(g.procs)
 	base := simVATop - uint64(p%simMaxWindows)*simVASpan
-	s := &Sim{
+	s := &Device{
 		g:       g,
 		cfg:     cfg,
 		lat:     cfg.Latency,
 		proc:    p,
 		va:      newSimVA(uintptr(base), simVASpan),
-		handles: make(map[MemHandle]*simPhys),
-		streams: make(map[Stream]*simStream),
-		events:  make(map[Event]*simEvent),
+		handles: make(map[device.MemHandle]*simPhys),
+		streams: make(map[device.Stream]*simStream),
+		events:  make(map[device.Event]*simEvent),
 	}
 	def := &simStream{h: 0, idx: 0}
 	s.streams[0] = def
@@ -269,7 +271,7 @@ func (g *simGPU) newProcess(cfg SimConfig) *Sim {
 // simTag builds the deterministic handle values of one process: the
 // process number in bits 40-47, a kind tag in bits 32-39 and a counter
 // below, so handles never repeat and name their owner in a debugger.
-func (s *Sim) simTag(kind uint64, n uint64) uint64 {
+func (s *Device) simTag(kind uint64, n uint64) uint64 {
 	return uint64(s.proc+1)<<40 | kind<<32 | n
 }
 
@@ -284,7 +286,7 @@ const (
 // under the lock the counter, the overhead, the closed check, injected
 // faults, and f, which does the work and returns the size in bytes the
 // latency model charges for it. A failed call pays only the overhead.
-func (s *Sim) do(c Call, f func() (size uint64, err error)) error {
+func (s *Device) do(c device.Call, f func() (size uint64, err error)) error {
 	if h := s.hook.Load(); h != nil {
 		(*h)(c)
 	}
@@ -293,7 +295,7 @@ func (s *Sim) do(c Call, f func() (size uint64, err error)) error {
 	s.counts[c]++
 	s.times[c] += s.lat.Overhead
 	if s.closed {
-		return simErr(c, ErrInvalidValue, "device is closed")
+		return simErr(c, device.ErrInvalidValue, "device is closed")
 	}
 	if err := s.faults.inject(c, s.counts[c]); err != nil {
 		return err
@@ -306,36 +308,36 @@ func (s *Sim) do(c Call, f func() (size uint64, err error)) error {
 }
 
 // simErr is an error of call c wrapping sentinel, with detail.
-func simErr(c Call, sentinel error, format string, args ...any) error {
+func simErr(c device.Call, sentinel error, format string, args ...any) error {
 	return fmt.Errorf("device: sim %s: %s: %w", c, fmt.Sprintf(format, args...), sentinel)
 }
 
-// Ordinal returns SimConfig.Ordinal.
-func (s *Sim) Ordinal() int { return s.cfg.Ordinal }
+// Ordinal returns Config.Ordinal.
+func (s *Device) Ordinal() int { return s.cfg.Ordinal }
 
-// Name returns SimConfig.Name (default "Simulated H200").
-func (s *Sim) Name() string { return s.cfg.Name }
+// Name returns Config.Name (default "Simulated H200").
+func (s *Device) Name() string { return s.cfg.Name }
 
-// TexturePitchAlignment returns SimConfig.TexturePitchAlignment in bytes
+// TexturePitchAlignment returns Config.TexturePitchAlignment in bytes
 // (default 32).
-func (s *Sim) TexturePitchAlignment() uint64 { return s.cfg.TexturePitchAlignment }
+func (s *Device) TexturePitchAlignment() uint64 { return s.cfg.TexturePitchAlignment }
 
-// VMMSupported reports !SimConfig.NoVMM.
-func (s *Sim) VMMSupported() bool { return !s.cfg.NoVMM }
+// VMMSupported reports !Config.NoVMM.
+func (s *Device) VMMSupported() bool { return !s.cfg.NoVMM }
 
-// AllocationGranularity returns SimConfig.Granularity in bytes (default
+// AllocationGranularity returns Config.Granularity in bytes (default
 // 2 MiB), or ErrNotSupported with NoVMM. It is not a counted call.
-func (s *Sim) AllocationGranularity() (uint64, error) {
+func (s *Device) AllocationGranularity() (uint64, error) {
 	if s.cfg.NoVMM {
-		return 0, fmt.Errorf("device: sim cuMemGetAllocationGranularity: %w", ErrNotSupported)
+		return 0, fmt.Errorf("device: sim cuMemGetAllocationGranularity: %w", device.ErrNotSupported)
 	}
 	return s.cfg.Granularity, nil
 }
 
 // MemGetInfo returns the free and total memory of the GPU in bytes: total
-// is SimConfig.Capacity, free is what no process (and no Occupy) uses.
-func (s *Sim) MemGetInfo() (free, total uint64, err error) {
-	err = s.do(CallMemGetInfo, func() (uint64, error) {
+// is Config.Capacity, free is what no process (and no Occupy) uses.
+func (s *Device) MemGetInfo() (free, total uint64, err error) {
+	err = s.do(device.CallMemGetInfo, func() (uint64, error) {
 		free, total = s.g.capacity-s.g.used, s.g.capacity
 		return 0, nil
 	})
@@ -344,9 +346,9 @@ func (s *Sim) MemGetInfo() (free, total uint64, err error) {
 
 // charge takes n bytes of the GPU's capacity for this process, or fails
 // with ErrOutOfMemory for call c, taking nothing.
-func (s *Sim) charge(c Call, n uint64) error {
+func (s *Device) charge(c device.Call, n uint64) error {
 	if free := s.g.capacity - s.g.used; n > free {
-		return simErr(c, ErrOutOfMemory, "%d bytes wanted, %d free of %d", n, free, s.g.capacity)
+		return simErr(c, device.ErrOutOfMemory, "%d bytes wanted, %d free of %d", n, free, s.g.capacity)
 	}
 	s.g.used += n
 	s.used += n
@@ -354,7 +356,7 @@ func (s *Sim) charge(c Call, n uint64) error {
 }
 
 // uncharge returns n bytes of capacity that this process had taken.
-func (s *Sim) uncharge(n uint64) {
+func (s *Device) uncharge(n uint64) {
 	s.g.used -= n
 	s.used -= n
 }
@@ -363,11 +365,11 @@ func (s *Sim) uncharge(n uint64) {
 // lowering what MemGetInfo reports free to every process. It fails with
 // ErrOutOfMemory, taking nothing, if fewer bytes are free. Safe for
 // concurrent use, also from a hook (SetHook).
-func (s *Sim) Occupy(bytes uint64) error {
+func (s *Device) Occupy(bytes uint64) error {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	if free := s.g.capacity - s.g.used; bytes > free {
-		return fmt.Errorf("device: sim Occupy: %d bytes wanted, %d free: %w", bytes, free, ErrOutOfMemory)
+		return fmt.Errorf("device: sim Occupy: %d bytes wanted, %d free: %w", bytes, free, device.ErrOutOfMemory)
 	}
 	s.g.used += bytes
 	s.g.occupied += bytes
@@ -377,7 +379,7 @@ func (s *Sim) Occupy(bytes uint64) error {
 // Vacate gives back bytes that Occupy took (on any process of this GPU).
 // It panics if more is vacated than is occupied: that is a bug in the
 // test.
-func (s *Sim) Vacate(bytes uint64) {
+func (s *Device) Vacate(bytes uint64) {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	if bytes > s.g.occupied {
@@ -393,7 +395,7 @@ func (s *Sim) Vacate(bytes uint64) {
 // GPU's capacity and leak checks after Close still see it. Introspection
 // (Counts, Used, Violations, ...) keeps working. Close is idempotent and
 // always returns nil.
-func (s *Sim) Close() error {
+func (s *Device) Close() error {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	s.closed = true
@@ -406,7 +408,7 @@ func (s *Sim) Close() error {
 // for example to take memory between a pool's MemGetInfo and its
 // allocation; calls f makes on this process run f again. nil removes the
 // hook. Safe for concurrent use.
-func (s *Sim) SetHook(f func(c Call)) {
+func (s *Device) SetHook(f func(c device.Call)) {
 	if f == nil {
 		s.hook.Store(nil)
 		return
@@ -415,7 +417,7 @@ func (s *Sim) SetHook(f func(c Call)) {
 }
 
 // regionAt returns the region containing addr and its index, or nil.
-func (s *Sim) regionAt(addr uintptr) (*simRegion, int) {
+func (s *Device) regionAt(addr uintptr) (*simRegion, int) {
 	i := sort.Search(len(s.regions), func(i int) bool { return s.regions[i].start > addr }) - 1
 	if i >= 0 && addr-s.regions[i].start < uintptr(s.regions[i].size) {
 		return s.regions[i], i
@@ -424,7 +426,7 @@ func (s *Sim) regionAt(addr uintptr) (*simRegion, int) {
 }
 
 // insertRegion adds r, keeping s.regions sorted by start.
-func (s *Sim) insertRegion(r *simRegion) {
+func (s *Device) insertRegion(r *simRegion) {
 	i := sort.Search(len(s.regions), func(i int) bool { return s.regions[i].start > r.start })
 	s.regions = append(s.regions, nil)
 	copy(s.regions[i+1:], s.regions[i:])
@@ -433,10 +435,10 @@ func (s *Sim) insertRegion(r *simRegion) {
 
 // removeRegion removes s.regions[i] and returns its addresses to the free
 // list.
-func (s *Sim) removeRegion(i int) {
+func (s *Device) removeRegion(i int) {
 	r := s.regions[i]
 	s.regions = append(s.regions[:i], s.regions[i+1:]...)
 	s.va.release(r.start, r.size)
 }
 
-var _ Device = (*Sim)(nil)
+var _ device.Device = (*Device)(nil)

@@ -1,9 +1,10 @@
-package device
+package sim
 
 import (
 	"encoding/binary"
 	"testing"
 
+	"github.com/gpumem/tlsf/device"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -12,7 +13,7 @@ import (
 // simRef is a byte-per-byte reference for simShadow.
 func simRef(size uint64) []byte {
 	b := make([]byte, size)
-	simPattern(b, 0, SimUninitialized)
+	simPattern(b, 0, Uninitialized)
 	return b
 }
 
@@ -21,8 +22,8 @@ func TestSimPattern(t *testing.T) {
 	simPattern(b, 2, 0x44332211)
 	assert.Equal(t, []byte{0x33, 0x44, 0x11, 0x22, 0x33, 0x44, 0x11, 0x22, 0x33, 0x44, 0x11}, b)
 	var w [4]byte
-	simPattern(w[:], 0, SimUninitialized)
-	assert.Equal(t, SimUninitialized, binary.LittleEndian.Uint32(w[:]))
+	simPattern(w[:], 0, Uninitialized)
+	assert.Equal(t, Uninitialized, binary.LittleEndian.Uint32(w[:]))
 	simPattern(nil, 3, 1) // no panic
 }
 
@@ -35,7 +36,7 @@ func TestSimShadowProperty(t *testing.T) {
 			"fill": func(t *rapid.T) {
 				lo := 4 * rapid.Uint64Range(0, size/4-1).Draw(t, "lo")
 				hi := 4 * rapid.Uint64Range(lo/4+1, size/4).Draw(t, "hi")
-				v := rapid.SampledFrom([]uint32{1, 2, 0xdeadbeef, SimUninitialized}).Draw(t, "v")
+				v := rapid.SampledFrom([]uint32{1, 2, 0xdeadbeef, Uninitialized}).Draw(t, "v")
 				m.fill(lo, hi, v)
 				simPattern(ref[lo:hi], lo, v)
 			},
@@ -59,7 +60,7 @@ func TestSimShadowProperty(t *testing.T) {
 
 func TestSimShadowCompact(t *testing.T) {
 	// A 4 GiB handle filled whole, then in the middle: a few segments.
-	s := NewSim(SimConfig{Shadow: true})
+	s := New(Config{Shadow: true})
 	const size = 4 << 30
 	va, err := s.AddressReserve(size, 0)
 	require.NoError(t, err)
@@ -93,7 +94,7 @@ func TestSimShadowFollowsPhysicalMemory(t *testing.T) {
 	require.NoError(t, s.MemSetAccess(va, g))
 	buf := make([]byte, 4)
 	require.NoError(t, s.MemcpyDtoH(buf, va+100))
-	assert.Equal(t, SimUninitialized, binary.LittleEndian.Uint32(buf))
+	assert.Equal(t, Uninitialized, binary.LittleEndian.Uint32(buf))
 
 	// The first handle, mapped elsewhere, kept its contents; and aliases
 	// share them.
@@ -118,14 +119,14 @@ func TestSimShadowFollowsPhysicalMemory(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, p, q)
 	require.NoError(t, s.MemcpyDtoH(buf, q))
-	assert.Equal(t, SimUninitialized, binary.LittleEndian.Uint32(buf))
+	assert.Equal(t, Uninitialized, binary.LittleEndian.Uint32(buf))
 	simCheck(t, s)
 }
 
 func TestSimShadowAcrossAllocations(t *testing.T) {
 	// Adjacent linear allocations are contiguous memory: one access may
 	// span them, as on a GPU, but not their rounding slack.
-	s := NewSim(SimConfig{Capacity: 16 * simMiB, Shadow: true})
+	s := New(Config{Capacity: 16 * simMiB, Shadow: true})
 	a, err := s.MemAlloc(512)
 	require.NoError(t, err)
 	b, err := s.MemAlloc(512)
@@ -138,21 +139,21 @@ func TestSimShadowAcrossAllocations(t *testing.T) {
 
 	c, err := s.MemAlloc(100) // 412 bytes of slack follow
 	require.NoError(t, err)
-	assert.ErrorIs(t, s.MemcpyDtoH(buf, c+96), ErrIllegalAddress)
+	assert.ErrorIs(t, s.MemcpyDtoH(buf, c+96), device.ErrIllegalAddress)
 	simCheck(t, s)
 }
 
 func TestSimWithoutShadow(t *testing.T) {
-	s := NewSim(SimConfig{Capacity: 16 * simMiB})
+	s := New(Config{Capacity: 16 * simMiB})
 	p, err := s.MemAlloc(4096)
 	require.NoError(t, err)
 	require.NoError(t, s.MemsetD32(p, 7, 1024))
 	buf := make([]byte, 6)
 	require.NoError(t, s.MemcpyDtoH(buf, p+1))
 	want := make([]byte, 6)
-	simPattern(want, 1, SimUninitialized)
+	simPattern(want, 1, Uninitialized)
 	assert.Equal(t, want, buf, "without Shadow every read is uninitialised")
-	assert.ErrorIs(t, s.MemsetD32(p+4096, 7, 1), ErrIllegalAddress, "addresses are still checked")
+	assert.ErrorIs(t, s.MemsetD32(p+4096, 7, 1), device.ErrIllegalAddress, "addresses are still checked")
 	require.NoError(t, s.MemFree(p))
-	assert.ErrorIs(t, s.MemcpyDtoH(buf, p), ErrIllegalAddress)
+	assert.ErrorIs(t, s.MemcpyDtoH(buf, p), device.ErrIllegalAddress)
 }

@@ -1,4 +1,4 @@
-package device
+package sim
 
 // The latency model: how long each driver call would take.
 //
@@ -39,6 +39,8 @@ package device
 import (
 	"math"
 	"time"
+
+	"github.com/gpumem/tlsf/device"
 )
 
 // Latency is a model of driver call durations for Sim.
@@ -50,14 +52,14 @@ type Latency struct {
 	// the bytes the call concerns: the allocation's size for allocations
 	// and frees, the range's for VMM calls, memsets and copies; 0 for
 	// calls without one. A nil entry costs nothing beyond Overhead.
-	Cost [NumCalls]func(size uint64) time.Duration
+	Cost [device.NumCalls]func(size uint64) time.Duration
 }
 
 // Of returns the modelled duration of one successful call of kind c on
 // size bytes: Overhead plus Cost[c](size).
-func (l *Latency) Of(c Call, size uint64) time.Duration {
+func (l *Latency) Of(c device.Call, size uint64) time.Duration {
 	d := l.Overhead
-	if c >= 0 && c < NumCalls && l.Cost[c] != nil {
+	if c >= 0 && c < device.NumCalls && l.Cost[c] != nil {
 		d += l.Cost[c](size)
 	}
 	return d
@@ -128,34 +130,34 @@ func H200Latency() *Latency {
 		LatencyPoint{2048 * mib, 874 * us},
 	)
 	l := &Latency{Overhead: 470 * time.Nanosecond}
-	l.Cost = [NumCalls]func(uint64) time.Duration{
-		CallMemGetInfo:        flat(2 * us),
-		CallMemAlloc:          alloc,
-		CallMemFree:           free,
-		CallMemAllocPitch:     alloc,
-		CallAddressReserve:    flat(5 * us),
-		CallAddressFree:       flat(5 * us),
-		CallMemCreate:         Piecewise(LatencyPoint{2 * mib, 11730 * time.Nanosecond}, LatencyPoint{16 * mib, 40 * us}, LatencyPoint{256 * mib, 59 * us}, LatencyPoint{2048 * mib, 222 * us}),
-		CallMemRelease:        Piecewise(LatencyPoint{2 * mib, 13330 * time.Nanosecond}, LatencyPoint{16 * mib, 35 * us}, LatencyPoint{256 * mib, 148 * us}, LatencyPoint{2048 * mib, 874 * us}),
-		CallMemMap:            flat(1930 * time.Nanosecond),
-		CallMemUnmap:          Piecewise(LatencyPoint{2 * mib, 19130 * time.Nanosecond}, LatencyPoint{2048 * mib, 19130*time.Nanosecond + 1023*200*time.Nanosecond}),
-		CallMemSetAccess:      Piecewise(LatencyPoint{2 * mib, 27530 * time.Nanosecond}, LatencyPoint{2048 * mib, 27530*time.Nanosecond + 1023*400*time.Nanosecond}),
-		CallStreamCreate:      flat(5 * us),
-		CallStreamDestroy:     flat(5 * us),
-		CallStreamSynchronize: flat(1 * us),
-		CallStreamWaitEvent:   flat(1 * us),
-		CallEventCreate:       flat(1 * us),
-		CallEventDestroy:      flat(1 * us),
-		CallEventRecord:       flat(1 * us),
-		CallEventQuery:        flat(1 * us),
-		CallEventSynchronize:  flat(1 * us),
-		CallMemsetD32:         Bandwidth(2500*time.Nanosecond, 3e12),
-		CallMemsetD32Async:    Bandwidth(2500*time.Nanosecond, 3e12),
-		CallMemcpyDtoH:        Bandwidth(8*us, 25e9),
+	l.Cost = [device.NumCalls]func(uint64) time.Duration{
+		device.CallMemGetInfo:        flat(2 * us),
+		device.CallMemAlloc:          alloc,
+		device.CallMemFree:           free,
+		device.CallMemAllocPitch:     alloc,
+		device.CallAddressReserve:    flat(5 * us),
+		device.CallAddressFree:       flat(5 * us),
+		device.CallMemCreate:         Piecewise(LatencyPoint{2 * mib, 11730 * time.Nanosecond}, LatencyPoint{16 * mib, 40 * us}, LatencyPoint{256 * mib, 59 * us}, LatencyPoint{2048 * mib, 222 * us}),
+		device.CallMemRelease:        Piecewise(LatencyPoint{2 * mib, 13330 * time.Nanosecond}, LatencyPoint{16 * mib, 35 * us}, LatencyPoint{256 * mib, 148 * us}, LatencyPoint{2048 * mib, 874 * us}),
+		device.CallMemMap:            flat(1930 * time.Nanosecond),
+		device.CallMemUnmap:          Piecewise(LatencyPoint{2 * mib, 19130 * time.Nanosecond}, LatencyPoint{2048 * mib, 19130*time.Nanosecond + 1023*200*time.Nanosecond}),
+		device.CallMemSetAccess:      Piecewise(LatencyPoint{2 * mib, 27530 * time.Nanosecond}, LatencyPoint{2048 * mib, 27530*time.Nanosecond + 1023*400*time.Nanosecond}),
+		device.CallStreamCreate:      flat(5 * us),
+		device.CallStreamDestroy:     flat(5 * us),
+		device.CallStreamSynchronize: flat(1 * us),
+		device.CallStreamWaitEvent:   flat(1 * us),
+		device.CallEventCreate:       flat(1 * us),
+		device.CallEventDestroy:      flat(1 * us),
+		device.CallEventRecord:       flat(1 * us),
+		device.CallEventQuery:        flat(1 * us),
+		device.CallEventSynchronize:  flat(1 * us),
+		device.CallMemsetD32:         Bandwidth(2500*time.Nanosecond, 3e12),
+		device.CallMemsetD32Async:    Bandwidth(2500*time.Nanosecond, 3e12),
+		device.CallMemcpyDtoH:        Bandwidth(8*us, 25e9),
 		// Measured on the H200 (the pool's memory is already held; a
 		// growth or release adds cuMemCreate/cuMemRelease, sim_async.go).
-		CallMemAllocAsync: flat(1100 * time.Nanosecond),
-		CallMemFreeAsync:  flat(1200 * time.Nanosecond),
+		device.CallMemAllocAsync: flat(1100 * time.Nanosecond),
+		device.CallMemFreeAsync:  flat(1200 * time.Nanosecond),
 	}
 	return l
 }

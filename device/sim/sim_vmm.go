@@ -1,4 +1,4 @@
-package device
+package sim
 
 // VMM emulation: cuMemAddressReserve/Free, cuMemCreate/Release,
 // cuMemMap/Unmap, cuMemSetAccess.
@@ -18,20 +18,24 @@ package device
 //     is gone, in either order (the driver's reference count).
 //   - AddressFree takes a whole reservation with nothing mapped in it.
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/gpumem/tlsf/device"
+)
 
 // vmm fails call c with ErrNotSupported when VMM is off.
-func (s *Sim) vmm(c Call) error {
+func (s *Device) vmm(c device.Call) error {
 	if s.cfg.NoVMM {
-		return simErr(c, ErrNotSupported, "virtual memory management is not supported (SimConfig.NoVMM)")
+		return simErr(c, device.ErrNotSupported, "virtual memory management is not supported (Config.NoVMM)")
 	}
 	return nil
 }
 
 // granular checks that size is a non-zero multiple of the granularity.
-func (s *Sim) granular(c Call, size uint64) error {
+func (s *Device) granular(c device.Call, size uint64) error {
 	if size == 0 || size%s.cfg.Granularity != 0 {
-		return simErr(c, ErrInvalidValue, "size %d is not a non-zero multiple of the granularity %d", size, s.cfg.Granularity)
+		return simErr(c, device.ErrInvalidValue, "size %d is not a non-zero multiple of the granularity %d", size, s.cfg.Granularity)
 	}
 	return nil
 }
@@ -42,8 +46,8 @@ func (s *Sim) granular(c Call, size uint64) error {
 // with NoVMM; size not a non-zero multiple of the granularity, or an
 // alignment not a power of two, is ErrInvalidValue; no room left in the
 // process's 4 TiB address window is ErrOutOfMemory.
-func (s *Sim) AddressReserve(size, alignment uint64) (ptr uintptr, err error) {
-	const c = CallAddressReserve
+func (s *Device) AddressReserve(size, alignment uint64) (ptr uintptr, err error) {
+	const c = device.CallAddressReserve
 	err = s.do(c, func() (uint64, error) {
 		if err := s.vmm(c); err != nil {
 			return 0, err
@@ -52,12 +56,12 @@ func (s *Sim) AddressReserve(size, alignment uint64) (ptr uintptr, err error) {
 			return 0, err
 		}
 		if alignment != 0 && alignment&(alignment-1) != 0 {
-			return 0, simErr(c, ErrInvalidValue, "alignment %d is not a power of two", alignment)
+			return 0, simErr(c, device.ErrInvalidValue, "alignment %d is not a power of two", alignment)
 		}
 		alignment = max(alignment, s.cfg.Granularity)
 		p, ok := s.va.alloc(size, alignment)
 		if !ok {
-			return 0, simErr(c, ErrOutOfMemory, "no %d bytes of address space aligned to %d left", size, alignment)
+			return 0, simErr(c, device.ErrOutOfMemory, "no %d bytes of address space aligned to %d left", size, alignment)
 		}
 		s.insertRegion(&simRegion{start: p, size: size})
 		ptr = p
@@ -69,8 +73,8 @@ func (s *Sim) AddressReserve(size, alignment uint64) (ptr uintptr, err error) {
 // AddressFree frees the reservation [ptr, ptr+size) (cuMemAddressFree).
 // Errors: ErrNotSupported with NoVMM; ptr and size not exactly a
 // reservation, or anything still mapped in it, is ErrInvalidValue.
-func (s *Sim) AddressFree(ptr uintptr, size uint64) error {
-	const c = CallAddressFree
+func (s *Device) AddressFree(ptr uintptr, size uint64) error {
+	const c = device.CallAddressFree
 	return s.do(c, func() (uint64, error) {
 		if err := s.vmm(c); err != nil {
 			return 0, err
@@ -78,11 +82,11 @@ func (s *Sim) AddressFree(ptr uintptr, size uint64) error {
 		r, i := s.regionAt(ptr)
 		switch {
 		case r == nil || r.ph != nil || r.start != ptr:
-			return 0, simErr(c, ErrInvalidValue, "%#x is not the start of a reservation", ptr)
+			return 0, simErr(c, device.ErrInvalidValue, "%#x is not the start of a reservation", ptr)
 		case r.size != size:
-			return 0, simErr(c, ErrInvalidValue, "size %d, but the reservation at %#x has %d bytes", size, ptr, r.size)
+			return 0, simErr(c, device.ErrInvalidValue, "size %d, but the reservation at %#x has %d bytes", size, ptr, r.size)
 		case len(r.maps) > 0:
-			return 0, simErr(c, ErrInvalidValue, "%d mappings remain in the reservation at %#x (first at %#x)", len(r.maps), ptr, r.maps[0].start)
+			return 0, simErr(c, device.ErrInvalidValue, "%d mappings remain in the reservation at %#x (first at %#x)", len(r.maps), ptr, r.maps[0].start)
 		}
 		s.removeRegion(i)
 		return size, nil
@@ -94,8 +98,8 @@ func (s *Sim) AddressFree(ptr uintptr, size uint64) error {
 // ErrNotSupported with NoVMM; size not a non-zero multiple of the
 // granularity is ErrInvalidValue; too little free capacity is
 // ErrOutOfMemory.
-func (s *Sim) MemCreate(size uint64) (h MemHandle, err error) {
-	const c = CallMemCreate
+func (s *Device) MemCreate(size uint64) (h device.MemHandle, err error) {
+	const c = device.CallMemCreate
 	err = s.do(c, func() (uint64, error) {
 		if err := s.vmm(c); err != nil {
 			return 0, err
@@ -107,7 +111,7 @@ func (s *Sim) MemCreate(size uint64) (h MemHandle, err error) {
 			return 0, err
 		}
 		s.nextHandle++
-		h = MemHandle(s.simTag(simTagHandle, s.nextHandle))
+		h = device.MemHandle(s.simTag(simTagHandle, s.nextHandle))
 		s.handles[h] = &simPhys{handle: h, size: size, charge: size}
 		return size, nil
 	})
@@ -115,10 +119,10 @@ func (s *Sim) MemCreate(size uint64) (h MemHandle, err error) {
 }
 
 // handle finds a live, unreleased handle for call c.
-func (s *Sim) handle(c Call, h MemHandle) (*simPhys, error) {
+func (s *Device) handle(c device.Call, h device.MemHandle) (*simPhys, error) {
 	ph := s.handles[h]
 	if ph == nil || ph.released {
-		return nil, simErr(c, ErrInvalidValue, "handle %#x is not a live handle of this process", uint64(h))
+		return nil, simErr(c, device.ErrInvalidValue, "handle %#x is not a live handle of this process", uint64(h))
 	}
 	return ph, nil
 }
@@ -127,8 +131,8 @@ func (s *Sim) handle(c Call, h MemHandle) (*simPhys, error) {
 // capacity it consumes, is freed now if h is not mapped, else at its last
 // MemUnmap. Errors: ErrNotSupported with NoVMM; an unknown or already
 // released handle is ErrInvalidValue.
-func (s *Sim) MemRelease(h MemHandle) error {
-	const c = CallMemRelease
+func (s *Device) MemRelease(h device.MemHandle) error {
+	const c = device.CallMemRelease
 	return s.do(c, func() (uint64, error) {
 		if err := s.vmm(c); err != nil {
 			return 0, err
@@ -146,7 +150,7 @@ func (s *Sim) MemRelease(h MemHandle) error {
 }
 
 // freeHandle frees the memory of a released, unmapped handle.
-func (s *Sim) freeHandle(c Call, ph *simPhys) {
+func (s *Device) freeHandle(c device.Call, ph *simPhys) {
 	s.killPending(c, "freed", func(sp *simSpan) bool { return sp.ph == ph })
 	ph.freed = true
 	delete(s.handles, ph.handle)
@@ -159,8 +163,8 @@ func (s *Sim) freeHandle(c Call, ph *simPhys) {
 // released handle, size not h's size, ptr not granularity-aligned, a range
 // not inside one reservation, or one overlapping a mapping, is
 // ErrInvalidValue.
-func (s *Sim) MemMap(ptr uintptr, size uint64, h MemHandle) error {
-	const c = CallMemMap
+func (s *Device) MemMap(ptr uintptr, size uint64, h device.MemHandle) error {
+	const c = device.CallMemMap
 	return s.do(c, func() (uint64, error) {
 		if err := s.vmm(c); err != nil {
 			return 0, err
@@ -170,24 +174,24 @@ func (s *Sim) MemMap(ptr uintptr, size uint64, h MemHandle) error {
 			return 0, err
 		}
 		if size != ph.size {
-			return 0, simErr(c, ErrInvalidValue, "size %d, but handle %#x has %d bytes (Sim maps whole handles)", size, uint64(h), ph.size)
+			return 0, simErr(c, device.ErrInvalidValue, "size %d, but handle %#x has %d bytes (Sim maps whole handles)", size, uint64(h), ph.size)
 		}
 		if uint64(ptr)%s.cfg.Granularity != 0 {
-			return 0, simErr(c, ErrInvalidValue, "%#x is not aligned to the granularity %d", ptr, s.cfg.Granularity)
+			return 0, simErr(c, device.ErrInvalidValue, "%#x is not aligned to the granularity %d", ptr, s.cfg.Granularity)
 		}
 		r, _ := s.regionAt(ptr)
 		if r == nil || r.ph != nil || uint64(r.end()-ptr) < size {
-			return 0, simErr(c, ErrInvalidValue, "[%#x, +%d) is not inside one reservation", ptr, size)
+			return 0, simErr(c, device.ErrInvalidValue, "[%#x, +%d) is not inside one reservation", ptr, size)
 		}
 		i := 0
 		for i < len(r.maps) && r.maps[i].start < ptr {
 			i++
 		}
 		if i > 0 && r.maps[i-1].start+uintptr(r.maps[i-1].size) > ptr {
-			return 0, simErr(c, ErrInvalidValue, "%#x is already mapped (mapping at %#x)", ptr, r.maps[i-1].start)
+			return 0, simErr(c, device.ErrInvalidValue, "%#x is already mapped (mapping at %#x)", ptr, r.maps[i-1].start)
 		}
 		if i < len(r.maps) && uint64(r.maps[i].start-ptr) < size {
-			return 0, simErr(c, ErrInvalidValue, "[%#x, +%d) overlaps the mapping at %#x", ptr, size, r.maps[i].start)
+			return 0, simErr(c, device.ErrInvalidValue, "[%#x, +%d) overlaps the mapping at %#x", ptr, size, r.maps[i].start)
 		}
 		r.insertMapping(&simMapping{start: ptr, size: size, ph: ph})
 		ph.maps++
@@ -197,17 +201,17 @@ func (s *Sim) MemMap(ptr uintptr, size uint64, h MemHandle) error {
 
 // wholeMappings returns the index range [i, j) of r's mappings that
 // exactly tile [ptr, ptr+size), or an ErrInvalidValue error for call c.
-func (s *Sim) wholeMappings(c Call, ptr uintptr, size uint64) (*simRegion, int, int, error) {
+func (s *Device) wholeMappings(c device.Call, ptr uintptr, size uint64) (*simRegion, int, int, error) {
 	r, _ := s.regionAt(ptr)
 	if r == nil || r.ph != nil {
-		return nil, 0, 0, simErr(c, ErrInvalidValue, "%#x is not in a reservation", ptr)
+		return nil, 0, 0, simErr(c, device.ErrInvalidValue, "%#x is not in a reservation", ptr)
 	}
 	if size == 0 || uint64(r.end()-ptr) < size {
-		return nil, 0, 0, simErr(c, ErrInvalidValue, "[%#x, +%d) is not inside the reservation at %#x", ptr, size, r.start)
+		return nil, 0, 0, simErr(c, device.ErrInvalidValue, "[%#x, +%d) is not inside the reservation at %#x", ptr, size, r.start)
 	}
 	m, i := r.mappingAt(ptr)
 	if m == nil || m.start != ptr {
-		return nil, 0, 0, simErr(c, ErrInvalidValue, "no mapping starts at %#x", ptr)
+		return nil, 0, 0, simErr(c, device.ErrInvalidValue, "no mapping starts at %#x", ptr)
 	}
 	end, at, j := ptr+uintptr(size), ptr, i
 	for j < len(r.maps) && r.maps[j].start == at && at < end {
@@ -215,7 +219,7 @@ func (s *Sim) wholeMappings(c Call, ptr uintptr, size uint64) (*simRegion, int, 
 		j++
 	}
 	if at != end {
-		return nil, 0, 0, simErr(c, ErrInvalidValue, "[%#x, +%d) is not made of whole, adjacent mappings", ptr, size)
+		return nil, 0, 0, simErr(c, device.ErrInvalidValue, "[%#x, +%d) is not made of whole, adjacent mappings", ptr, size)
 	}
 	return r, i, j, nil
 }
@@ -225,8 +229,8 @@ func (s *Sim) wholeMappings(c Call, ptr uintptr, size uint64) (*simRegion, int, 
 // freed. Unmapping memory that queued work on a held stream still writes
 // records a violation (see Violations). Errors: ErrNotSupported with
 // NoVMM; a range that is not whole adjacent mappings is ErrInvalidValue.
-func (s *Sim) MemUnmap(ptr uintptr, size uint64) error {
-	const c = CallMemUnmap
+func (s *Device) MemUnmap(ptr uintptr, size uint64) error {
+	const c = device.CallMemUnmap
 	return s.do(c, func() (uint64, error) {
 		if err := s.vmm(c); err != nil {
 			return 0, err
@@ -253,8 +257,8 @@ func (s *Sim) MemUnmap(ptr uintptr, size uint64) error {
 // consist of whole, adjacent mappings (cuMemSetAccess for this device).
 // Granting it again is harmless. Errors: ErrNotSupported with NoVMM; a
 // range that is not whole adjacent mappings is ErrInvalidValue.
-func (s *Sim) MemSetAccess(ptr uintptr, size uint64) error {
-	const c = CallMemSetAccess
+func (s *Device) MemSetAccess(ptr uintptr, size uint64) error {
+	const c = device.CallMemSetAccess
 	return s.do(c, func() (uint64, error) {
 		if err := s.vmm(c); err != nil {
 			return 0, err

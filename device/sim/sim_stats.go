@@ -1,4 +1,4 @@
-package device
+package sim
 
 // Introspection for tests: counters, simulated time, what the process
 // holds, violations, and Check, the invariant checker.
@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/gpumem/tlsf/device"
 )
 
 // Counts returns how many calls of each kind this process made, failed
 // and injected failures included.
-func (s *Sim) Counts() Counts {
+func (s *Device) Counts() device.Counts {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	return s.counts
@@ -20,7 +22,7 @@ func (s *Sim) Counts() Counts {
 
 // SimTime returns the total simulated driver time of this process's calls
 // (see Latency), in ns.
-func (s *Sim) SimTime() time.Duration {
+func (s *Device) SimTime() time.Duration {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	var t time.Duration
@@ -32,7 +34,7 @@ func (s *Sim) SimTime() time.Duration {
 
 // SimTimeByCall returns the simulated time of this process's calls per
 // Call kind, in ns.
-func (s *Sim) SimTimeByCall() [NumCalls]time.Duration {
+func (s *Device) SimTimeByCall() [device.NumCalls]time.Duration {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	return s.times
@@ -43,7 +45,7 @@ func (s *Sim) SimTimeByCall() [NumCalls]time.Duration {
 // memory is not yet freed (released handles still mapped included) plus
 // what the async pool holds (sim_async.go). It is
 // what this process takes from MemGetInfo's free.
-func (s *Sim) Used() uint64 {
+func (s *Device) Used() uint64 {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	return s.used
@@ -53,7 +55,7 @@ func (s *Sim) Used() uint64 {
 // linear allocations (rounded up to 512 bytes) plus MemCreate handles not
 // yet released, mapped or not, plus what the async pool holds. It falls short of Used by handles that are
 // released but still mapped, which the driver frees at their last unmap.
-func (s *Sim) Mapped() uint64 {
+func (s *Device) Mapped() uint64 {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	var n uint64
@@ -73,13 +75,13 @@ func (s *Sim) Mapped() uint64 {
 // LiveAllocations returns how many physical allocations this process holds:
 // linear allocations (MemAllocAsync's included) plus MemCreate handles
 // whose memory is not yet freed.
-func (s *Sim) LiveAllocations() int {
+func (s *Device) LiveAllocations() int {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	return s.linearCount() + len(s.handles)
 }
 
-func (s *Sim) linearCount() int {
+func (s *Device) linearCount() int {
 	n := 0
 	for _, r := range s.regions {
 		if r.ph != nil {
@@ -89,8 +91,8 @@ func (s *Sim) linearCount() int {
 	return n
 }
 
-// SimStats is a snapshot of what one process holds. Byte counts are bytes.
-type SimStats struct {
+// Stats is a snapshot of what one process holds. Byte counts are bytes.
+type Stats struct {
 	Used            uint64 // as Used
 	LinearAllocs    int    // live linear allocations (MemAlloc, MemAllocPitch)
 	LinearBytes     uint64 // their requested sizes
@@ -116,10 +118,10 @@ type SimStats struct {
 }
 
 // Stats returns a snapshot of what this process holds.
-func (s *Sim) Stats() SimStats {
+func (s *Device) Stats() Stats {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
-	st := SimStats{
+	st := Stats{
 		Used:          s.used,
 		Handles:       len(s.handles),
 		Events:        len(s.events),
@@ -174,7 +176,7 @@ func (s *Sim) Stats() SimStats {
 // process: a linear allocation (start and requested size) or a VMM mapping
 // (start and handle size), whether or not access was granted. ok is false
 // for addresses outside both, reserved-but-unmapped ones included.
-func (s *Sim) Owner(ptr uintptr) (start uintptr, size uint64, ok bool) {
+func (s *Device) Owner(ptr uintptr) (start uintptr, size uint64, ok bool) {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	r, _ := s.regionAt(ptr)
@@ -195,7 +197,7 @@ func (s *Sim) Owner(ptr uintptr) (start uintptr, size uint64, ok bool) {
 
 // Reservation returns the AddressReserve range that contains ptr in this
 // process, if any.
-func (s *Sim) Reservation(ptr uintptr) (start uintptr, size uint64, ok bool) {
+func (s *Device) Reservation(ptr uintptr) (start uintptr, size uint64, ok bool) {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	if r, _ := s.regionAt(ptr); r != nil && r.ph == nil {
@@ -208,14 +210,14 @@ func (s *Sim) Reservation(ptr uintptr) (start uintptr, size uint64, ok bool) {
 // process that the driver would not have refused: memory freed or unmapped
 // while held work still writes it, and races with held work (see
 // HoldStream). A pool test asserts it is empty.
-func (s *Sim) Violations() []string {
+func (s *Device) Violations() []string {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	return slices.Clone(s.violations)
 }
 
 // ClearViolations forgets the violations recorded so far.
-func (s *Sim) ClearViolations() {
+func (s *Device) ClearViolations() {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	s.violations = nil
@@ -224,7 +226,7 @@ func (s *Sim) ClearViolations() {
 // Check verifies the Sim's internal invariants for this process and the
 // GPU's capacity accounting, and returns an error describing every broken
 // one (nil if none). Tests call it after every step.
-func (s *Sim) Check() error {
+func (s *Device) Check() error {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	var errs []error
