@@ -9,6 +9,7 @@
 //	tlsf-stress replay [flags] TRACE...
 //	tlsf-stress run [flags]
 //	tlsf-stress multi --procs K [flags]
+//	tlsf-stress export [--out DIR] TRACE...
 //
 // Every subcommand takes --device cuda|sim (default: cuda where a CUDA
 // driver and GPU 0 are found, else sim) and --sim-capacity BYTES (the
@@ -92,6 +93,30 @@
 //	failed_allocs        int      allocations that failed in the first replay
 //	warm_failed_allocs   int      allocations that failed in the second replay
 //	first_error          string   the first allocation error, if any (omitted otherwise)
+//	warm_reps            int      with --repeat N > 1 only: N, the timed warm replays
+//	warm_ns_per_op_median float64 with --repeat N > 1 only: the median of their ns/op
+//	warm_ns_per_op_min   float64  with --repeat N > 1 only: the minimum of their ns/op
+//
+// --repeat N (default 1) times N warm replays on the same allocator
+// instead of one; ns_per_op stays the first of them.
+//
+// # export
+//
+// export [--out DIR] TRACE... writes each trace (any format replay reads,
+// or an embedded name; none: all embedded) to DIR/NAME.ops as an op list
+// for replayers outside Go (bench/peers drives every peer allocator from
+// one C++ loop with it). Blocks become dense slot numbers, reused last in,
+// first out, so that SLOTS is the most blocks live at once, and streams
+// dense indices (0: the trace's stream 0, then others in order of first
+// use), so a replayer needs no hash map. Records, one a line, decimal:
+//
+//	tlsf-ops 1 OPS SLOTS STREAMS PEAK_LIVE   header; OPS records follow
+//	a SLOT SIZE STREAM                       allocate SIZE bytes into empty SLOT on STREAM
+//	f SLOT                                   free the block in SLOT, on its allocation's stream
+//
+// It prints one JSON object per trace: trace, source, format, file, ops,
+// allocs, frees, slots, streams, peak_live_bytes, skipped. Two traces of
+// one name are a usage error (they would share a file).
 //
 // # run
 //

@@ -108,11 +108,13 @@ var replaySchema = map[string]string{
 	"ns_per_op": "number", "cold_ns_per_op": "number", "device_ns_per_op": "number",
 	"device_calls": "int", "warm_device_calls": "int", "device_calls_by_name": "object",
 	"failed_allocs": "int", "warm_failed_allocs": "int", "first_error": "string",
+	"warm_reps": "int", "warm_ns_per_op_median": "number", "warm_ns_per_op_min": "number",
 }
 
 var replayOptional = map[string]bool{
 	"min_cap_bytes": true, "min_cap_over_live": true, "min_cap_runs": true,
 	"device_ns_per_op": true, "first_error": true,
+	"warm_reps": true, "warm_ns_per_op_median": true, "warm_ns_per_op_min": true,
 }
 
 // checkSchema asserts that m has every required field of schema, no field

@@ -41,6 +41,7 @@ type replayOpts struct {
 	minCap   bool
 	json     bool
 	plot     string
+	repeat   int // timed warm replays (--repeat)
 }
 
 func newReplayCmd(g *globalFlags) *cobra.Command {
@@ -72,6 +73,9 @@ T), or, written with a decimal point, a fraction of the device's memory:
 			if o.backends, err = parseBackends(backends); err != nil {
 				return err
 			}
+			if o.repeat < 1 {
+				return usagef("--repeat %d: want 1 or more", o.repeat)
+			}
 			if o.plot != "" {
 				if ext := strings.ToLower(filepath.Ext(o.plot)); ext != ".svg" && ext != ".png" {
 					return usagef("--plot %q: the file name must end in .svg or .png", o.plot)
@@ -88,6 +92,7 @@ T), or, written with a decimal point, a fraction of the device's memory:
 	f.Var(&o.cap, "cap", "cap on device memory: bytes (suffixes KiB..TiB), or a fraction of total memory such as 0.5")
 	f.BoolVar(&o.minCap, "min-cap", false, "find by bisection the smallest cap under which the trace replays with no failed allocation")
 	f.BoolVar(&o.json, "json", false, "print one JSON object per trace and backend (schema in the package doc) instead of a table")
+	f.IntVar(&o.repeat, "repeat", 1, "timed warm replays per trace and backend; above 1, JSON adds their median and minimum ns/op")
 	f.StringVar(&o.plot, "plot", "", "write live and reserved bytes over the first replay to `FILE` (.svg or .png; with several traces, FILE-TRACE.ext)")
 	return cmd
 }
@@ -119,6 +124,10 @@ type replayResult struct {
 	FailedAllocs      int               `json:"failed_allocs"`
 	WarmFailedAllocs  int               `json:"warm_failed_allocs"`
 	FirstError        string            `json:"first_error,omitempty"`
+	// With --repeat N > 1: N timed warm replays, their median and minimum.
+	WarmReps          int      `json:"warm_reps,omitempty"`
+	WarmNsPerOpMedian *float64 `json:"warm_ns_per_op_median,omitempty"`
+	WarmNsPerOpMin    *float64 `json:"warm_ns_per_op_min,omitempty"`
 
 	series []sample // live and reserved bytes over the first replay, with --plot
 }
@@ -241,6 +250,11 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		if err := warm.FreeLeft(a); err != nil {
 			return err
 		}
+		if o.repeat > 1 {
+			if err := repeatWarm(t, a, o.repeat, warm.NsPerOp(), r); err != nil {
+				return err
+			}
+		}
 		peak, err := a.peakReserved()
 		if err != nil {
 			return err
@@ -273,6 +287,29 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		}
 	}
 	return r, nil
+}
+
+// repeatWarm replays t n-1 more times on a, warm, and records the median
+// and minimum ns/op of those and the first warm replay (ns0) in r.
+func repeatWarm(t *trace.Trace, a replayAllocator, n int, ns0 float64, r *replayResult) error {
+	ns := []float64{ns0}
+	for range n - 1 {
+		res, _, err := replayTrace(t, a, 0)
+		if err != nil {
+			return err
+		}
+		if err := res.FreeLeft(a); err != nil {
+			return err
+		}
+		ns = append(ns, res.NsPerOp())
+	}
+	slices.Sort(ns)
+	med := ns[len(ns)/2]
+	if len(ns)%2 == 0 {
+		med = (ns[len(ns)/2-1] + med) / 2
+	}
+	r.WarmReps, r.WarmNsPerOpMedian, r.WarmNsPerOpMin = n, &med, &ns[0]
+	return nil
 }
 
 // findMinCap bisects the cap between peak live and peak reserved bytes
