@@ -1,13 +1,14 @@
 # Targets: test (vet, race-enabled tests, and a cgo-free build and test),
 # fuzz (every fuzz target for FUZZTIME each), bench, stress (the main job),
-# gpu (test binaries and tlsf-stress built for the GPU machine, in bin/).
+# gpu (test binaries and tlsf-stress built for the GPU machine, in bin/),
+# bench-gpu (what bench/peers/run.sh needs on the GPU machine, in bin/).
 
 GO       ?= go
 FUZZTIME ?= 20s
 # go test -fuzz takes one target per run.
 FUZZ_TARGETS := FuzzIndex FuzzPool FuzzParse FuzzParseText FuzzParseCSV FuzzParsePickle
 
-.PHONY: test fuzz bench stress gpu
+.PHONY: test fuzz bench stress gpu bench-gpu
 
 test:
 	$(GO) vet ./...
@@ -33,3 +34,23 @@ gpu:
 	for p in device/cuda pool bench; do \
 		GOOS=linux GOARCH=amd64 CGO_ENABLED=0 $(GO) test -c -o bin/$$(basename $$p).test ./$$p || exit 1; \
 	done
+
+# bench-gpu builds what bench/peers/run.sh needs on a GPU machine with
+# PyTorch (which has no Go toolchain): bin/tlsf-stress, bin/libtlsf.so (the
+# C ABI, from capi/, with cgo; skipped with a warning while capi/ is not
+# there) and bin/VERSION; then prints the command to run there.
+bench-gpu:
+	mkdir -p bin
+	GOOS=linux GOARCH=amd64 CGO_ENABLED=0 $(GO) build -o bin/tlsf-stress ./cmd/tlsf-stress
+	@if [ -d capi ]; then \
+		echo "GOOS=linux GOARCH=amd64 CGO_ENABLED=1 $(GO) build -buildmode=c-shared -o bin/libtlsf.so ./capi"; \
+		GOOS=linux GOARCH=amd64 CGO_ENABLED=1 $(GO) build -buildmode=c-shared -o bin/libtlsf.so ./capi || exit 1; \
+	else \
+		echo "warning: no capi/ here: bin/libtlsf.so not built; the C ABI rows will report it missing"; \
+	fi
+	@(git describe --always --dirty 2>/dev/null || echo unknown) >bin/VERSION
+	@echo
+	@echo "Copy the repository with bin/ to the GPU machine and run there (about 8 minutes):"
+	@echo "  OUT=out/peers bench/peers/run.sh            # lstm resnet50 tdnn: out/peers/results.json, RESULTS.md"
+	@echo "  OUT=out/peers bench/peers/run.sh --quick    # smoke run: one trace, 3 warm replays, no bisection"
+	@echo "Then here: cp out/peers/RESULTS.md out/peers/results.json bench/ && python3 bench/peers/readme_tables.py"

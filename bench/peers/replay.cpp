@@ -263,7 +263,11 @@ uintptr_t async_pool(uint64_t max_size) {
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = dev;
-    props.maxSize = max_size;
+#if CUDART_VERSION >= 12020
+    props.maxSize = max_size;  // cudaMemPoolProps.maxSize appeared in CUDA 12.2
+#else
+    throw fail("a capped cudaMemPool needs cudaMemPoolProps.maxSize (CUDA 12.2 or later)");
+#endif
     check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
   }
   uint64_t threshold = std::numeric_limits<uint64_t>::max();
