@@ -439,6 +439,11 @@ def cmd_child(a):
     res["peak_reserved_source"] = impl.peak_source
     res["peak_reserved_over_live"] = pk / live if pk and live else None
     if impl.can_cap and a.bisect:
+        # An interim line, which the parent keeps if the bisection
+        # outlives the child's time limit.
+        interim = dict(res, ok=res["cold_failed"] == 0 and failed == 0,
+                       notes=res["notes"] + ["bisection cut: the child's time limit killed it"])
+        print(json.dumps(interim), flush=True)
         hi = max(pk or 0, live) * 1.002 + 2 * MIB
         res.update(bisect_cap(impl, live, int(hi), deadline, a.max_probes))
     elif impl.can_cap:
@@ -504,17 +509,9 @@ def run_child(argv, log_path, timeout, env=None):
         try:
             p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=err, text=True, timeout=max(5, timeout), env=env)
         except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            return 124, None, "timed out after %.0f s" % timeout
-    obj = None
-    for line in reversed(p.stdout.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                obj = json.loads(line)
-                break
-            except ValueError:
-                pass
+            so = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            return 124, last_json(so), "timed out after %.0f s" % timeout
+    obj = last_json(p.stdout)
     msg = ""
     if p.returncode != 0 or obj is None:
         try:
@@ -525,6 +522,18 @@ def run_child(argv, log_path, timeout, env=None):
             pass
         msg = "exit status %d%s" % (p.returncode, ": " + msg if msg else "")
     return p.returncode, obj, msg
+
+
+def last_json(text):
+    """The last line of text that is a JSON object, decoded, or None."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                pass
+    return None
 
 
 def child_env(spec):
@@ -668,6 +677,8 @@ def cmd_run(a):
         if obj is None:
             obj = {"allocator": spec["name"], "ok": False, "error": msg}
             results["failures"].append("%s: %s" % (name, msg))
+        elif st != 0:
+            results["failures"].append("%s: %s (its last report is kept)" % (name, msg))
         obj["trace"] = t["trace"]
         obj["exit_status"] = st
         obj["log"] = os.path.relpath(logp, out)
