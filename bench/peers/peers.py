@@ -97,30 +97,118 @@ def adapter_h():
     return "".join(l for l in read("adapter.h").splitlines(True) if not l.startswith("#pragma once"))
 
 
-def load_ext(which, base, verbose=False):
-    """Builds (or loads, when built already) extension which ("main" or
-    "cub") in base/which. Children call it with the same arguments as the
-    build step, so they only load what is there."""
+EXT_NAMES = {"main": "tlsf_peers_replay", "cub": "tlsf_peers_cub"}
+
+
+def load_ext(which, base, verbose=False, build=False):
+    """Returns extension which ("main": replay.cpp; "cub": cub.cu and
+    cub_bind.cpp), built in base/which. The build step (build=True) uses
+    torch.utils.cpp_extension.load_inline, or, where that fails (no ninja,
+    say), compiles the same sources directly with the host compiler and
+    nvcc (build_direct), and writes which way to base/which/METHOD; the
+    children load it the same way, so they only load what is there."""
+    d = build_dir(base, which)
+    method_file = os.path.join(d, "METHOD")
+    method = "load_inline"
+    if not build and os.path.exists(method_file):
+        with open(method_file) as f:
+            method = f.read().strip()
+    if method == "direct":
+        return import_so(EXT_NAMES[which], os.path.join(d, "direct", EXT_NAMES[which] + ".so"))
+    try:
+        m = load_inline_ext(which, d, verbose)
+    except Exception as e:
+        if not build:
+            raise
+        print("peers: load_inline failed (%s); compiling directly" % str(e)[-500:], file=sys.stderr, flush=True)
+        so = build_direct(which, d)
+        m = import_so(EXT_NAMES[which], so)
+        method = "direct"
+    if build:
+        with open(method_file, "w") as f:
+            f.write(method + "\n")
+    return m
+
+
+def load_inline_ext(which, d, verbose):
     from torch.utils.cpp_extension import load_inline
 
     if which == "main":
         return load_inline(
-            name="tlsf_peers_replay",
+            name=EXT_NAMES[which],
             cpp_sources=[adapter_h() + "\n" + read("replay.cpp")],
             with_cuda=True,
             extra_cflags=["-O2"],
-            build_directory=build_dir(base, which),
+            build_directory=d,
             verbose=verbose,
         )
     return load_inline(
-        name="tlsf_peers_cub",
+        name=EXT_NAMES[which],
         cpp_sources=[read("cub_bind.cpp")],
         cuda_sources=[adapter_h() + "\n" + read("cub.cu")],
         extra_cflags=["-O2"],
         extra_cuda_cflags=["-O2"],
-        build_directory=build_dir(base, which),
+        build_directory=d,
         verbose=verbose,
     )
+
+
+def import_so(name, path):
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    m = importlib.util.module_from_spec(spec)
+    loader.exec_module(m)
+    return m
+
+
+def build_direct(which, d):
+    """Compiles extension which into d/direct/NAME.so with c++ (and nvcc
+    for CUB), without ninja: the sources include only pybind11, c10 and
+    CUDA headers, so torch's include directory, CUDA's and Python's are
+    enough. Returns the path of the .so; raises on a failed command."""
+    import sysconfig
+
+    import torch
+    from torch.utils import cpp_extension
+
+    out = os.path.join(d, "direct")
+    os.makedirs(out, exist_ok=True)
+    name = EXT_NAMES[which]
+    tdir = os.path.dirname(torch.__file__)
+    cuda = cpp_extension.CUDA_HOME or "/usr/local/cuda"
+    inc = [os.path.join(tdir, "include"), os.path.join(tdir, "include", "torch", "csrc", "api", "include"),
+           os.path.join(cuda, "include"), sysconfig.get_paths()["include"]]
+    libs = [os.path.join(tdir, "lib"), os.path.join(cuda, "lib64"), os.path.join(cuda, "lib")]
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    cflags = ["-O2", "-std=c++17", "-fPIC", "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi, "-DTORCH_EXTENSION_NAME=" + name]
+    cflags += ["-I" + i for i in inc]
+    ldflags = ["-shared"] + ["-L" + l for l in libs] + ["-Wl,-rpath," + l for l in libs]
+    cxx = os.environ.get("CXX", "c++")
+
+    def run(cmd):
+        print("peers: " + " ".join(cmd), file=sys.stderr, flush=True)
+        subprocess.run(cmd, check=True)
+
+    so = os.path.join(out, name + ".so")
+    if which == "main":
+        src = os.path.join(out, "main.cpp")
+        with open(src, "w") as f:
+            f.write(adapter_h() + "\n" + read("replay.cpp"))
+        run([cxx] + cflags + [src, "-o", so] + ldflags + ["-lc10_cuda", "-lc10", "-lcudart"])
+        return so
+    cu, bind = os.path.join(out, "cub.cu"), os.path.join(out, "cub_bind.cpp")
+    with open(cu, "w") as f:
+        f.write(adapter_h() + "\n" + read("cub.cu"))
+    with open(bind, "w") as f:
+        f.write(read("cub_bind.cpp"))
+    nvcc = os.path.join(cuda, "bin", "nvcc")
+    run([nvcc if os.path.exists(nvcc) else "nvcc", "-O2", "-std=c++17", "-Xcompiler", "-fPIC",
+         "-c", cu, "-o", os.path.join(out, "cub.o")])
+    run([cxx] + cflags + [bind, os.path.join(out, "cub.o"), "-o", so] + ldflags + ["-lcudart"])
+    return so
 
 
 # ---------------------------------------------------------------- children
@@ -239,6 +327,10 @@ class CabiImpl(Impl):
             lib.tlsf_init.restype = None
             lib.tlsf_init(0)
         self.total = torch.cuda.mem_get_info()[1]
+        self.cap_note = ""
+        # Make the pool before the cold replay, as the peers' allocators
+        # are (tlsf_get_stats opens device 0's pool where tlsf_init did not).
+        self.stats()
         addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value
         self.adapter = ext.cabi_adapter(addr(lib.tlsf_malloc), addr(lib.tlsf_free), addr(lib.tlsf_last_error), 0)
 
@@ -274,7 +366,11 @@ class CabiImpl(Impl):
             self.lib.tlsf_set_memory_fraction(f, 0)
             got = self.stats().cap
             if got == 0:
-                raise RuntimeError("tlsf_set_memory_fraction(%g) left no cap in tlsf_stats.cap" % f)
+                # No cap in the statistics: take the fraction as PyTorch's
+                # (of total memory), and say so.
+                self.cap_note = ("tlsf_stats.cap stayed 0 after tlsf_set_memory_fraction: "
+                                 "caps taken as fraction x total memory")
+                return int(f * self.total)
             if abs(got - cap) <= cap * CAP_RESOLUTION / 10:
                 break
             f *= cap / got
@@ -445,7 +541,13 @@ def cmd_child(a):
                        notes=res["notes"] + ["bisection cut: the child's time limit killed it"])
         print(json.dumps(interim), flush=True)
         hi = max(pk or 0, live) * 1.002 + 2 * MIB
-        res.update(bisect_cap(impl, live, int(hi), deadline, a.max_probes))
+        try:
+            res.update(bisect_cap(impl, live, int(hi), deadline, a.max_probes))
+        except Exception as e:  # the measurements above stand
+            res["min_cap_note"] = "bisection failed: %s" % e
+            print("peers: bisection failed:", repr(e), file=sys.stderr)
+        if getattr(impl, "cap_note", ""):
+            res["notes"].append(impl.cap_note)
     elif impl.can_cap:
         res["notes"].append("no bisection (--quick or --no-bisect)")
     impl.close()
@@ -459,7 +561,7 @@ def cmd_child(a):
 def cmd_build(a):
     t0 = time.monotonic()
     try:
-        m = load_ext(a.which, a.build, verbose=True)
+        m = load_ext(a.which, a.build, verbose=True, build=True)
         extra = {"cub_version": m.cub_version()} if a.which == "cub" else {}
         print(json.dumps({"ok": True, "seconds": time.monotonic() - t0, **extra}), flush=True)
     except Exception as e:  # reported to the parent, which goes on without it
