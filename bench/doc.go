@@ -5,4 +5,10 @@
 // path (BenchmarkSmall*). Run them with `make bench`. They use public
 // APIs and the project's internal trace and replay packages only; timing
 // never decides a test here.
+//
+// The comparison with other allocators is not a Go benchmark: peers/
+// (run.sh, see peers/README.md) replays the traces through this pool and
+// PyTorch's, CUB's, the driver's and cudaMalloc side by side on a GPU,
+// from one C++ loop, and writes RESULTS.md, the source of the README's
+// comparison table.
 package bench
