@@ -1,14 +1,13 @@
 # Targets: test (vet, race-enabled tests, and a cgo-free build and test),
 # fuzz (every fuzz target for FUZZTIME each), bench, stress (the main job),
-# gpu (test binaries and tlsf-stress built for the GPU machine, in bin/),
-# bench-gpu (what bench/peers/run.sh needs on the GPU machine, in bin/).
+# gpu (test binaries and tlsf-stress built for the GPU machine, in bin/).
 
 GO       ?= go
 FUZZTIME ?= 20s
 # go test -fuzz takes one target per run.
 FUZZ_TARGETS := FuzzIndex FuzzPool FuzzParse FuzzParseText FuzzParseCSV FuzzParsePickle
 
-.PHONY: test fuzz bench stress gpu bench-gpu
+.PHONY: test fuzz bench stress gpu
 
 test:
 	$(GO) vet ./...
@@ -39,6 +38,7 @@ gpu:
 # PyTorch (which has no Go toolchain): bin/tlsf-stress, bin/libtlsf.so (the
 # C ABI, from capi/, with cgo; skipped with a warning while capi/ is not
 # there) and bin/VERSION; then prints the command to run there.
+.PHONY: bench-gpu
 bench-gpu:
 	mkdir -p bin
 	GOOS=linux GOARCH=amd64 CGO_ENABLED=0 $(GO) build -o bin/tlsf-stress ./cmd/tlsf-stress

@@ -320,6 +320,10 @@ class CabiImpl(Impl):
         lib.tlsf_trim.restype = ctypes.c_size_t
         lib.tlsf_set_memory_fraction.argtypes = [ctypes.c_double, ctypes.c_int]
         lib.tlsf_set_memory_fraction.restype = None
+        # TLSF_PEERS_CONF adds key:value pairs (device:sim checks the
+        # harness against the real library without a GPU: selftest.sh).
+        extra = os.environ.get("TLSF_PEERS_CONF", "")
+        conf = conf + ("," + extra if extra else "")
         if lib.tlsf_configure(conf.encode()) != 0:
             raise RuntimeError("tlsf_configure(%r): %s" % (conf, self.last_error()))
         if hasattr(lib, "tlsf_init"):
@@ -328,9 +332,18 @@ class CabiImpl(Impl):
             lib.tlsf_init(0)
         self.total = torch.cuda.mem_get_info()[1]
         self.cap_note = ""
-        # Make the pool before the cold replay, as the peers' allocators
-        # are (tlsf_get_stats opens device 0's pool where tlsf_init did not).
-        self.stats()
+        # Make device 0's pool before the cold replay, as the peers'
+        # allocators are made before theirs: pools are made by the first
+        # tlsf_malloc, so allocate a byte, free it and trim.
+        lib.tlsf_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        lib.tlsf_malloc.restype = ctypes.c_void_p
+        lib.tlsf_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        lib.tlsf_free.restype = None
+        p = lib.tlsf_malloc(1, 0, None)
+        if not p:
+            raise RuntimeError("tlsf_malloc(1) on device 0: " + self.last_error())
+        lib.tlsf_free(p, 1, 0, None)
+        lib.tlsf_trim(0)
         addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value
         self.adapter = ext.cabi_adapter(addr(lib.tlsf_malloc), addr(lib.tlsf_free), addr(lib.tlsf_last_error), 0)
 

@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-mkdir -p "$T/bin" "$T/nolib"
+mkdir -p "$T/bin" "$T/nolib" "$T/real"
 cc -shared -fPIC -o "$T/bin/libtlsf.so" bench/peers/testdata/fake_tlsf.c
 go build -o "$T/bin/tlsf-stress.real" ./cmd/tlsf-stress
 cat >"$T/bin/tlsf-stress" <<EOS
@@ -52,6 +52,14 @@ OUT="$T/full" BIN="$T/bin" bench/peers/run.sh lstm internal/trace/testdata/small
 check "$T/full" "$ALL" ""
 FAKE_FAIL_CUB=1 OUT="$T/broken" BIN="$T/nolib" bench/peers/run.sh --quick tdnn 2>"$T/broken.err"
 check "$T/broken" torch,torch+expandable,async,cuda,tlsf-vmm-go,tlsf-chunks-go tlsf-vmm,tlsf-chunks,cub_pow2,cub_default
+# The real C ABI, where capi/ is here: libtlsf.so on the simulated GPU.
+if [ -d capi ] && CGO_ENABLED=1 go build -buildmode=c-shared -o "$T/real/libtlsf.so" ./capi; then
+	cp "$T/bin/tlsf-stress" "$T/bin/tlsf-stress.real" "$T/bin/VERSION" "$T/real/"
+	TLSF_PEERS_CONF=device:sim OUT="$T/capi" BIN="$T/real" bench/peers/run.sh --only tlsf-vmm,tlsf-chunks lstm 2>"$T/capi.err"
+	check "$T/capi" tlsf-vmm,tlsf-chunks ""
+else
+	echo "selftest: no capi/ (or it does not build): the real libtlsf.so is not checked"
+fi
 cp README.md "$T/README.md"
 python3 bench/peers/readme_tables.py --results "$T/full/RESULTS.md" --readme "$T/README.md" >/dev/null
 python3 bench/peers/readme_tables.py --results "$T/full/RESULTS.md" --readme "$T/README.md" --check
