@@ -69,7 +69,7 @@ uintptr_t load_ops(const std::string& path) {
   o->slots = uint32_t(slots);
   o->nstreams = uint32_t(nstreams);
   o->peak_live = peak;
-  o->ops.reserve(n);
+  o->ops.reserve(std::min(n, 1ULL << 24));  // n is read, not trusted
   std::vector<uint8_t> full(slots, 0);
   for (unsigned long long i = 0; i < n; i++) {
     char kind = 0;

@@ -447,7 +447,8 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 		}
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "peer rows: H200 figures from internal/trace/data/baseline.json (peak live as the trace sizes it).")
+	fmt.Fprintln(w, "peer rows: H200 figures recorded once elsewhere (internal/trace/data/baseline.json; peak live as the trace sizes it);")
+	fmt.Fprintln(w, "bench/peers/run.sh measures every peer side by side with this pool (bench/RESULTS.md).")
 }
 
 func optFloat(v *float64, format string) string {
