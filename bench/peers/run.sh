@@ -12,13 +12,14 @@
 #
 # Environment: OUT (default out/peers), BIN (default bin), PYTHON (default
 # python3), TLSF_PEERS_BUILD (the extensions' build directory, default
-# /tmp/tlsf-peers-build; kept between runs, so a second run skips the
-# compilation).
+# out/peers-build, git-ignored: kept between runs, so a second run skips
+# the compilation).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out/peers}
 BIN=${BIN:-bin}
 PYTHON=${PYTHON:-python3}
+export TLSF_PEERS_BUILD=${TLSF_PEERS_BUILD:-$PWD/out/peers-build}
 mkdir -p "$OUT"
 for f in "$BIN/tlsf-stress"; do
 	[ -x "$f" ] || { echo "run.sh: $f missing: run 'make bench-gpu' on a machine with Go and copy bin/" >&2; exit 2; }
