@@ -963,6 +963,16 @@ def markdown(results):
             notes += [n for n in r.get("notes", []) if "failed" not in n]
             cells = [fmt(r.get(k), f) for k, _, f in COLUMNS]
             L.append("| %s | %s | %s |" % (r["allocator"], " | ".join(cells), "; ".join(notes).replace("|", "/")))
+        byname = {r["allocator"]: r for r in results["results"] if r.get("trace") == name and r.get("ok")}
+        abi = []
+        for be in ("tlsf-vmm", "tlsf-chunks"):
+            c, g = byname.get(be, {}), byname.get(be + "-go", {})
+            if c.get("warm_ns_per_op_median") and g.get("warm_ns_per_op_median"):
+                abi.append("%s %.0f ns/op through libtlsf.so and the C++ loop, %.0f natively from Go"
+                           % (be, c["warm_ns_per_op_median"], g["warm_ns_per_op_median"]))
+        if abi:
+            L.append("\nThe C ABI's cost (warm medians; Go's replay loop looks blocks up in a map, the C++ "
+                     "loop in an array): " + "; ".join(abi) + ".")
         L.append("\nOurs (the best of our C ABI rows, which the same loop replays; a -go row only where "
                  "those have no figure) against the best peer:\n")
         L.append("| column | ours | best peer | ours / peer |\n| --- | --- | --- | --- |")
