@@ -10,11 +10,19 @@
 #   bench/peers/run.sh my.snapshot.pickle   # any trace tlsf-stress reads
 #   bench/peers/run.sh --help               # every option (peers.py run)
 #
-# Environment: OUT (default out/peers), BIN (default bin), PYTHON (default
+# Environment: OUT (default out/peers), BIN (default bin; a relative BIN is
+# taken from the repository root), PYTHON (default
 # python3), TLSF_PEERS_BUILD (the extensions' build directory, default
 # out/peers-build, git-ignored: kept between runs, so a second run skips
 # the compilation).
 set -uo pipefail
+# Trace files may be named relative to the caller's directory.
+args=()
+for a in "$@"; do
+	if [ -f "$a" ]; then a=$(cd "$(dirname "$a")" && pwd)/$(basename "$a"); fi
+	args+=("$a")
+done
+case ${OUT:-} in "" | /*) ;; *) OUT=$PWD/$OUT ;; esac
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out/peers}
 BIN=${BIN:-bin}
@@ -25,4 +33,4 @@ for f in "$BIN/tlsf-stress"; do
 	[ -x "$f" ] || { echo "run.sh: $f missing: run 'make bench-gpu' on a machine with Go and copy bin/" >&2; exit 2; }
 done
 [ -e "$BIN/libtlsf.so" ] || echo "run.sh: $BIN/libtlsf.so missing: the C ABI rows will say so; the others run" >&2
-exec "$PYTHON" bench/peers/peers.py run --out "$OUT" --bin "$BIN" "$@"
+exec "$PYTHON" bench/peers/peers.py run --out "$OUT" --bin "$BIN" ${args[@]+"${args[@]}"}
