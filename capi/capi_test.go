@@ -260,3 +260,54 @@ func TestInitAndRecordStream(t *testing.T) {
 	require.Contains(t, lastError(), "unknown pointer")
 	checkPools(t)
 }
+
+// Streams the caller creates and destroys, as a framework does: allocate
+// and free on them, record one on another's block, destroy them without
+// telling the pool; the pool keeps serving, trimming and checking.
+func TestDestroyedStreamsThroughTheABI(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	const dev = 2
+	first := callMalloc(4096, dev, 0) // makes the pool
+	require.NotZero(t, first, lastError())
+	p, err := reg.lookup(dev)
+	require.NoError(t, err)
+	d := p.Device()
+	for round := range 8 {
+		a, err := d.StreamCreate()
+		require.NoError(t, err)
+		b, err := d.StreamCreate()
+		require.NoError(t, err)
+		x := callMalloc(3<<20, dev, uintptr(a))
+		require.NotZero(t, x, "round %d: %s", round, lastError())
+		y := callMalloc(3<<20, dev, uintptr(b))
+		require.NotZero(t, y, "round %d: %s", round, lastError())
+		callRecordStream(x, uintptr(b))
+		require.Empty(t, lastError())
+		callFree(x, 3<<20, dev, uintptr(a))
+		require.Empty(t, lastError())
+		callFree(y, 3<<20, dev, uintptr(b))
+		require.Empty(t, lastError())
+		require.NoError(t, d.StreamDestroy(a))
+		require.NoError(t, d.StreamDestroy(b))
+		callTrim(dev)
+		require.Empty(t, lastError(), "round %d", round)
+		require.NoError(t, p.Check())
+	}
+	callFree(first, 4096, dev, 0)
+	require.Empty(t, lastError())
+	s, _, _ := callGetStats(dev, statsSize, false)
+	require.Zero(t, s.Allocated)
+	require.Equal(t, s.Cached, s.Active, "nothing awaits a stream: active is what the caches hold")
+}
+
+// BenchmarkMallocFree is a tlsf_malloc + tlsf_free pair of 4 KiB from one
+// OS thread through tlsf.c, called from Go: it pays a Go-to-C call on top
+// of what a C caller pays (capi/example measures that).
+func BenchmarkMallocFree(b *testing.B) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for b.Loop() {
+		callFree(callMalloc(4096, 0, 0), 4096, 0, 0)
+	}
+}
