@@ -23,13 +23,18 @@ func (p *Pool) SetMaxBytes(n uint64) error {
 
 // Cap returns the cap on reserved memory in bytes now, 0 when there is
 // none: the smaller of MaxBytes and MaxFraction × (free + reserved), free
-// from cuMemGetInfo_v2 at the call. Safe for concurrent use. Errors:
-// ErrClosed, device errors from cuMemGetInfo_v2.
+// from cuMemGetInfo_v2 at the call (made only when MaxFraction is below 1,
+// so that a cap in bytes can be read even when the driver no longer
+// answers). Safe for concurrent use. Errors: ErrClosed, device errors from
+// cuMemGetInfo_v2.
 func (p *Pool) Cap() (uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return 0, ErrClosed
+	}
+	if p.opts.MaxFraction >= 1 {
+		return p.opts.MaxBytes, nil
 	}
 	capped, limit, err := p.cap()
 	if err != nil || !capped {

@@ -14,7 +14,16 @@ hands its ``tlsf_malloc``/``tlsf_free`` to
 
 PyTorch's own statistics (``torch.cuda.memory_stats``,
 ``max_memory_reserved``) are not available with a pluggable allocator: use
-``stats()``. The configuration string is described in capi/tlsf.h
+``stats()``.
+
+Out of memory: ``tlsf_malloc`` returns NULL, and PyTorch's pluggable
+allocator does not check it (as of PyTorch 2.11), so the failure surfaces
+as a CUDA error of a later kernel (an illegal address) rather than
+``torch.OutOfMemoryError``, and the process's CUDA context is unusable
+after it. ``stats()["num_ooms"]`` counts such failures; run work that may
+exhaust memory in a child process.
+
+The configuration string is described in capi/tlsf.h
 (``tlsf_configure``); without ``conf`` the environment variable
 ``TLSF_ALLOC_CONF`` applies.
 """

@@ -57,6 +57,8 @@ TRAIN_SIZES = {
     "gpt2": list(range(128, 1025, 64)),  # sequence length, batch 8
 }
 GPT2_TRAIN_BATCH = 8
+# The variable that turns expandable segments on (--expandable-env).
+EXPANDABLE_ENV = "PYTORCH_ALLOC_CONF"
 
 
 # ---------------------------------------------------------------- worker
@@ -235,8 +237,9 @@ def _env(allocator):
     for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "TLSF_ALLOC_CONF"):
         env.pop(k, None)
     if allocator == "expandable":
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-        env["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+        # PyTorch 2.9 and later read PYTORCH_ALLOC_CONF (PYTORCH_CUDA_ALLOC_CONF
+        # is its deprecated alias); set one only.
+        env[EXPANDABLE_ENV] = "expandable_segments:True"
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["HF_HUB_OFFLINE"] = "1"
@@ -339,7 +342,9 @@ def main():
     ap.add_argument("--gpt2-range", default="2,48", help="GPT-2 batch range (sequences of up to 1024 tokens) searched (default 2,48)")
     ap.add_argument("--gpt2-attn", default="eager", help="GPT-2 attention implementation (eager: deterministic)")
     ap.add_argument("--budget", type=float, default=560.0, help="seconds for everything (default 560)")
+    ap.add_argument("--expandable-env", default=EXPANDABLE_ENV, help="PYTORCH_ALLOC_CONF, or PYTORCH_CUDA_ALLOC_CONF before PyTorch 2.9")
     args = ap.parse_args()
+    globals()["EXPANDABLE_ENV"] = args.expandable_env
 
     if args.worker:
         worker(json.loads(args.worker))
