@@ -818,7 +818,10 @@ func (p *Pool) noteReleased(n uint64) {
 // stream, and forgets s. Call it before destroying a stream used with
 // AllocOn or FreeOn: the pool synchronizes the streams it knows before it
 // returns memory to the driver, and a destroyed stream cannot be
-// synchronized. Forgetting a stream the pool does not know does nothing.
+// synchronized. (A stream destroyed without it is dropped when a driver
+// call finds it dead, but work still queued on it then goes unordered:
+// see "Destroyed streams" in streams.go.) Forgetting a stream the pool
+// does not know, or one dropped already, does nothing.
 // Errors: ErrClosed, device errors (nothing changed).
 func (p *Pool) ForgetStream(s device.Stream) error {
 	p.mu.Lock()
