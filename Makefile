@@ -45,3 +45,4 @@ capi:
 
 capi-example: capi
 	TLSF_ALLOC_CONF=device:sim bin/tlsf-example
+	if command -v python3 >/dev/null; then python3 python/smoke_sim.py bin/libtlsf.so; fi
