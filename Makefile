@@ -1,13 +1,15 @@
 # Targets: test (vet, race-enabled tests, and a cgo-free build and test),
 # fuzz (every fuzz target for FUZZTIME each), bench, stress (the main job),
-# gpu (test binaries and tlsf-stress built for the GPU machine, in bin/).
+# gpu (test binaries and tlsf-stress built for the GPU machine, in bin/),
+# capi (the C ABI: bin/libtlsf.so and the C example bin/tlsf-example),
+# capi-example (capi, then the example run on the simulated device).
 
 GO       ?= go
 FUZZTIME ?= 20s
 # go test -fuzz takes one target per run.
 FUZZ_TARGETS := FuzzIndex FuzzPool FuzzParse FuzzParseText FuzzParseCSV FuzzParsePickle
 
-.PHONY: test fuzz bench stress gpu
+.PHONY: test fuzz bench stress gpu capi capi-example
 
 test:
 	$(GO) vet ./...
@@ -27,27 +29,30 @@ bench:
 stress:
 	$(GO) run ./cmd/tlsf-stress
 
-gpu:
+gpu: capi
 	mkdir -p bin
 	GOOS=linux GOARCH=amd64 CGO_ENABLED=0 $(GO) build -o bin/tlsf-stress ./cmd/tlsf-stress
 	for p in device/cuda pool bench; do \
 		GOOS=linux GOARCH=amd64 CGO_ENABLED=0 $(GO) test -c -o bin/$$(basename $$p).test ./$$p || exit 1; \
 	done
 
+# The C ABI needs cgo (this package only) and gcc.
+CC ?= gcc
+capi:
+	mkdir -p bin
+	GOOS=linux GOARCH=amd64 CGO_ENABLED=1 $(GO) build -buildmode=c-shared -o bin/libtlsf.so ./capi
+	$(CC) -O2 -Wall -Werror -o bin/tlsf-example capi/example/example.c -Icapi -Lbin -ltlsf -lpthread -Wl,-rpath,'$$ORIGIN'
+
+capi-example: capi
+	TLSF_ALLOC_CONF=device:sim bin/tlsf-example
+	if command -v python3 >/dev/null; then python3 python/smoke_sim.py bin/libtlsf.so; fi
+
 # bench-gpu builds what bench/peers/run.sh needs on a GPU machine with
 # PyTorch (which has no Go toolchain): bin/tlsf-stress, bin/libtlsf.so (the
-# C ABI, from capi/, with cgo; skipped with a warning while capi/ is not
-# there) and bin/VERSION; then prints the command to run there.
+# C ABI, from capi/, with cgo) and bin/VERSION; then prints the command to run there.
 .PHONY: bench-gpu
-bench-gpu:
-	mkdir -p bin
+bench-gpu: capi
 	GOOS=linux GOARCH=amd64 CGO_ENABLED=0 $(GO) build -o bin/tlsf-stress ./cmd/tlsf-stress
-	@if [ -d capi ]; then \
-		echo "GOOS=linux GOARCH=amd64 CGO_ENABLED=1 $(GO) build -buildmode=c-shared -o bin/libtlsf.so ./capi"; \
-		GOOS=linux GOARCH=amd64 CGO_ENABLED=1 $(GO) build -buildmode=c-shared -o bin/libtlsf.so ./capi || exit 1; \
-	else \
-		echo "warning: no capi/ here: bin/libtlsf.so not built; the C ABI rows will report it missing"; \
-	fi
 	@(git describe --always --dirty 2>/dev/null || echo unknown) >bin/VERSION
 	@echo
 	@echo "Copy the repository with bin/ to the GPU machine and run there (about 8 minutes):"

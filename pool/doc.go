@@ -40,7 +40,10 @@
 // streams must be freed with FreeOn on the stream of its last use, or
 // after synchronizing. Memory is returned to the driver only after the
 // streams that freed it are synchronized: cuMemUnmap does not wait for
-// the GPU.
+// the GPU. RecordStream marks a block as used by another stream too, as
+// PyTorch's Tensor.record_stream: its free then waits for events on every
+// recorded stream (record.go). A stream destroyed without ForgetStream is
+// dropped when a driver call finds it dead, and the pool keeps serving.
 //
 // # Rules for callers
 //

@@ -120,7 +120,7 @@ func (t *passthrough) free(p *Pool, ptr uintptr, s device.Stream) error {
 		}
 		return fmt.Errorf("%w: %#x", ErrUnknownPointer, ptr)
 	}
-	if err := p.dev.StreamSynchronize(s); err != nil {
+	if err := p.dev.StreamSynchronize(s); err != nil && !streamGone(err) { // a destroyed stream: see streams.go
 		return fmt.Errorf("pool: passthrough free of %#x on stream %#x: %w", ptr, uintptr(s), err)
 	}
 	if err := p.dev.MemFree(ptr); err != nil {

@@ -335,7 +335,7 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 // reclaim completed stream-ordered frees, grow, and then the
 // out-of-memory path.
 func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
-	if p.ss.multi {
+	if p.ss.polls() {
 		_ = p.pollPending(false)
 		if b, err := p.search(size, align); err == nil {
 			return b, nil
@@ -611,7 +611,14 @@ func (p *Pool) freeLocked(ptr uintptr, s device.Stream) error {
 		return ErrClosed
 	}
 	if p.pt != nil {
-		return p.pt.free(p, ptr, s)
+		if err := p.syncUses(ptr); err != nil {
+			return err
+		}
+		if err := p.pt.free(p, ptr, s); err != nil {
+			return err
+		}
+		delete(p.ss.uses, uint64(ptr))
+		return nil
 	}
 	if ptr%indexGranularity != 0 {
 		// No block starts there. (Nor may 2^64−1 reach the index's address
@@ -671,6 +678,9 @@ func (p *Pool) freeLocked(ptr uintptr, s device.Stream) error {
 // anywhere, reusable: pending on s in multi-stream mode, else straight
 // back to the index (s marked dirty). Pool lock held; s registered.
 func (p *Pool) releaseFreed(b tlsf.Block, s device.Stream) error {
+	if held, err := p.holdForUses(b, s); held || err != nil {
+		return err // held until the events of its recorded streams (record.go)
+	}
 	st, err := p.ss.use(s)
 	if err != nil {
 		return fmt.Errorf("pool: registering stream %#x: %w", uintptr(s), err)
@@ -708,7 +718,7 @@ func translate(err error) error {
 
 // pollPending reclaims blocks whose stream-ordered frees completed.
 func (p *Pool) pollPending(wait bool) error {
-	if !p.ss.multi {
+	if !p.ss.polls() {
 		return nil
 	}
 	return p.ss.poll(wait, p.reclaimPending)
@@ -808,7 +818,10 @@ func (p *Pool) noteReleased(n uint64) {
 // stream, and forgets s. Call it before destroying a stream used with
 // AllocOn or FreeOn: the pool synchronizes the streams it knows before it
 // returns memory to the driver, and a destroyed stream cannot be
-// synchronized. Forgetting a stream the pool does not know does nothing.
+// synchronized. (A stream destroyed without it is dropped when a driver
+// call finds it dead, but work still queued on it then goes unordered:
+// see "Destroyed streams" in streams.go.) Forgetting a stream the pool
+// does not know, or one dropped already, does nothing.
 // Errors: ErrClosed, device errors (nothing changed).
 func (p *Pool) ForgetStream(s device.Stream) error {
 	p.mu.Lock()

@@ -63,6 +63,8 @@ type streamState struct {
 type streamSet struct {
 	dev           *counted
 	all           map[device.Stream]*streamState
+	uses          map[uint64][]device.Stream // RecordStream: live block address → other streams using it
+	held          []heldBlock                // freed blocks awaiting the events of their uses (record.go)
 	first         *streamState
 	multi         bool
 	switchEv      device.Event
@@ -73,7 +75,7 @@ type streamSet struct {
 }
 
 func newStreamSet(dev *counted) *streamSet {
-	return &streamSet{dev: dev, all: map[device.Stream]*streamState{}}
+	return &streamSet{dev: dev, all: map[device.Stream]*streamState{}, uses: map[uint64][]device.Stream{}}
 }
 
 // use returns stream s's state, registering s on first sight (and
@@ -96,7 +98,16 @@ func (ss *streamSet) use(s device.Stream) (*streamState, error) {
 		}
 		if err := ss.dev.EventRecord(ev, ss.first.s); err != nil {
 			ss.spare = append(ss.spare, ev)
-			return nil, err
+			if !streamGone(err) {
+				return nil, err
+			}
+			// The first stream was destroyed: its frees went to the index
+			// already and no event can be recorded after them. Forget it;
+			// s takes its place, still in single-stream mode.
+			delete(ss.all, ss.first.s)
+			ss.first = st
+			ss.all[s] = st
+			return st, nil
 		}
 		ss.switchEv, ss.switchPending = ev, true
 	}
@@ -163,6 +174,10 @@ func (ss *streamSet) seal(st *streamState, reclaim func(addr uint64)) error {
 		ss.spare = append(ss.spare, ev)
 	}
 	if serr := ss.dev.StreamSynchronize(st.s); serr != nil {
+		if streamGone(err) && streamGone(serr) {
+			ss.drop(st, reclaim)
+			return nil
+		}
 		return err
 	}
 	st.reclaim(b, reclaim)
@@ -234,6 +249,9 @@ func (ss *streamSet) poll(wait bool, reclaim func(addr uint64)) error {
 			st.compact()
 		}
 	}
+	if err := ss.pollHeld(wait, reclaim); err != nil && firstErr == nil {
+		firstErr = err
+	}
 	if ss.switchPending {
 		done, err := ss.dev.EventQuery(ss.switchEv)
 		if wait && err == nil && !done {
@@ -275,7 +293,17 @@ func (ss *streamSet) syncDirty() error {
 	for _, st := range ss.all {
 		if st.dirty {
 			if err := ss.dev.StreamSynchronize(st.s); err != nil {
-				return err
+				if !streamGone(err) {
+					return err
+				}
+				// Destroyed: its frees to the index cannot be waited for.
+				// Blocks still pending on it (it was dirty before the switch
+				// to multi-stream mode) are dropped with it by the next seal.
+				st.dirty = false
+				if len(st.pending) == 0 {
+					ss.drop(st, nil)
+				}
+				continue
 			}
 			st.dirty = false
 		}
@@ -285,7 +313,7 @@ func (ss *streamSet) syncDirty() error {
 
 // pendingCount is the number of blocks awaiting events.
 func (ss *streamSet) pendingCount() int {
-	n := 0
+	n := len(ss.held)
 	for _, st := range ss.all {
 		n += len(st.pending)
 	}
@@ -303,26 +331,57 @@ func (ss *streamSet) close(reclaim func(addr uint64)) error {
 }
 
 // forget synchronizes stream s, hands its pending blocks to reclaim, and
-// drops it. The caller is about to destroy s. On error nothing changed.
+// drops it. The caller is about to destroy s; a stream destroyed already
+// is dropped as drop does. On error nothing changed.
 func (ss *streamSet) forget(s device.Stream, reclaim func(addr uint64)) error {
 	st, ok := ss.all[s]
 	if !ok {
 		return nil
 	}
-	if err := ss.dev.StreamSynchronize(s); err != nil {
+	if err := ss.dev.StreamSynchronize(s); err != nil && !streamGone(err) {
 		return err
 	}
 	// Every free on s is now done, and every event recorded on it.
+	ss.drop(st, reclaim)
+	return nil
+}
+
+// Destroyed streams.
+//
+// A stream destroyed without ForgetStream (a framework that creates and
+// destroys streams, or simply forgets) is found when a driver call on it
+// fails with an invalid handle: cuEventRecord or cuStreamSynchronize
+// answer CUDA_ERROR_INVALID_HANDLE (device.ErrInvalidValue), as the
+// simulated device answers for a stream that is not live. The pool then
+// drops the stream's state and keeps serving, where it used to fail every
+// later registration, Trim and Close. What it cannot do is order reuse
+// after work still queued on the dead stream (cuStreamDestroy returns at
+// once and lets that work finish): blocks of batches sealed with an event
+// wait for the event; blocks freed after the last event, and frees that
+// went straight to the index in single-stream mode, are reusable at once.
+// Destroying a stream with work still queued on memory being freed is the
+// caller's race, as it would be with cudaFree.
+
+// streamGone reports whether err, from a driver call naming a stream, says
+// the stream is not a live stream.
+func streamGone(err error) bool { return errors.Is(err, device.ErrInvalidValue) }
+
+// drop forgets stream state st: the blocks of its sealed batches are
+// handed to reclaim once their events complete (the events outlive the
+// stream), those of its open batch at once. reclaim may be nil when
+// nothing is pending.
+func (ss *streamSet) drop(st *streamState, reclaim func(addr uint64)) {
 	for _, b := range st.sealed {
+		_ = ss.dev.EventSynchronize(b.ev) // done already after a synchronize
 		st.reclaim(b, reclaim)
 		ss.spare = append(ss.spare, b.ev)
 	}
 	if st.open != nil {
 		st.reclaim(st.open, reclaim)
 	}
-	delete(ss.all, s)
+	st.sealed, st.open = nil, nil
+	delete(ss.all, st.s)
 	if ss.first == st && !ss.multi {
 		ss.first = nil // no stream left: the next one starts single-stream mode again
 	}
-	return nil
 }

@@ -1,0 +1,74 @@
+//go:build cgo
+
+package main
+
+// Go wrappers of the C entry points, so that tests (which cannot use cgo
+// themselves) call the library exactly as a C program does: through
+// tlsf.c, on the calling OS thread, with its thread-local message.
+
+/*
+#include <stdlib.h>
+#include "tlsf.h"
+
+static uintptr_t call_malloc(size_t size, int dev, uintptr_t s) { return (uintptr_t)tlsf_malloc(size, dev, (void*)s); }
+static void call_free(uintptr_t ptr, size_t size, int dev, uintptr_t s) { tlsf_free((void*)ptr, size, dev, (void*)s); }
+static void call_record_stream(uintptr_t ptr, uintptr_t s) { tlsf_record_stream((void*)ptr, (void*)s); }
+static int call_get_stats(int dev, tlsf_stats* out, size_t size) { if (out) out->size = size; return tlsf_get_stats(dev, out); }
+*/
+import "C"
+
+import "unsafe"
+
+// stats mirrors tlsf_stats for tests.
+type stats struct {
+	Size                                  uint64
+	Allocated, Reserved, Active, Cached   uint64
+	PeakAllocated, PeakReserved           uint64
+	NumAllocs, NumFrees, NumOOMs, DevCall uint64
+	Cap                                   uint64
+}
+
+func callMalloc(size uint64, dev int, s uintptr) uintptr {
+	return uintptr(C.call_malloc(C.size_t(size), C.int(dev), C.uintptr_t(s)))
+}
+
+func callFree(ptr uintptr, size uint64, dev int, s uintptr) {
+	C.call_free(C.uintptr_t(ptr), C.size_t(size), C.int(dev), C.uintptr_t(s))
+}
+
+func callInit(n int)                         { C.tlsf_init(C.int(n)) }
+func callReset()                             { C.tlsf_reset() }
+func callSetMemoryFraction(f float64, d int) { C.tlsf_set_memory_fraction(C.double(f), C.int(d)) }
+func callRecordStream(ptr, s uintptr)        { C.call_record_stream(C.uintptr_t(ptr), C.uintptr_t(s)) }
+func callTrim(dev int) uint64                { return uint64(C.tlsf_trim(C.int(dev))) }
+func lastError() string                      { return C.GoString(C.tlsf_last_error()) }
+
+// callConfigure passes conf, or NULL when null is set.
+func callConfigure(conf string, null bool) int {
+	if null {
+		return int(C.tlsf_configure(nil))
+	}
+	cs := C.CString(conf)
+	defer C.free(unsafe.Pointer(cs))
+	return int(C.tlsf_configure(cs))
+}
+
+// callGetStats calls tlsf_get_stats with out->size = size (nil out when
+// null) and returns the struct, in a buffer larger than the struct so that
+// a test sees any byte written past size.
+func callGetStats(dev int, size uint64, null bool) (stats, [16]uint64, int) {
+	var buf [16]uint64
+	for i := range buf {
+		buf[i] = 0xdeadbeef
+	}
+	var out *C.tlsf_stats
+	if !null {
+		out = (*C.tlsf_stats)(unsafe.Pointer(&buf[0]))
+	}
+	rc := int(C.call_get_stats(C.int(dev), out, C.size_t(size)))
+	s := *(*stats)(unsafe.Pointer(&buf[0]))
+	return s, buf, rc
+}
+
+// statsSize is sizeof(tlsf_stats).
+const statsSize = C.sizeof_tlsf_stats

@@ -1,0 +1,194 @@
+//go:build cgo
+
+package main
+
+/*
+#include "tlsf.h"
+void tlsf_set_error(const char* msg, size_t n);
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"unsafe"
+
+	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/pool"
+)
+
+// The Go side of the entry points in tlsf.c: tlsfgo_X serves tlsf_X, after
+// tlsf.c cleared the caller's message and handled what needs no pool.
+// Pointers and streams cross as uintptr_t; a failure sets the message
+// ("tlsf_X: reason") and returns NULL, -1 or 0.
+
+// setError leaves fn's failure as the calling thread's message.
+func setError(fn string, err error) {
+	msg := fn + ": " + err.Error()
+	// The bytes are copied into the thread's buffer before the call returns.
+	C.tlsf_set_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+}
+
+// guard turns a panic in fn (a bug) into a message instead of a crash of
+// the process. Deferred first in every entry point.
+func guard(fn string) {
+	if r := recover(); r != nil {
+		setError(fn, fmt.Errorf("internal error, please report: %v", r))
+	}
+}
+
+//export tlsfgo_malloc
+func tlsfgo_malloc(size C.size_t, dev C.int, stream C.uintptr_t) (ptr C.uintptr_t) {
+	defer guard("tlsf_malloc")
+	p, err := reg.get(int(dev))
+	if err == nil {
+		var q uintptr
+		if q, err = p.AllocOn(uint64(size), device.Stream(stream)); err == nil {
+			return C.uintptr_t(q)
+		}
+	}
+	setError("tlsf_malloc", fmt.Errorf("%d bytes on device %d: %w", uint64(size), int(dev), err))
+	return 0
+}
+
+//export tlsfgo_free
+func tlsfgo_free(ptr C.uintptr_t, size C.size_t, dev C.int, stream C.uintptr_t) {
+	defer guard("tlsf_free")
+	p, err := reg.lookup(int(dev))
+	if err == nil && p == nil {
+		err = fmt.Errorf("%w: device %d has no pool", pool.ErrUnknownPointer, int(dev))
+	}
+	if err == nil {
+		if err = p.FreeOn(uintptr(ptr), device.Stream(stream)); err == nil {
+			return
+		}
+	}
+	setError("tlsf_free", fmt.Errorf("%#x (%d bytes) on device %d: %w", uintptr(ptr), uint64(size), int(dev), err))
+}
+
+//export tlsfgo_init
+func tlsfgo_init(deviceCount C.int) {
+	defer guard("tlsf_init")
+	reg.mu.Lock()
+	_, err := reg.confLocked()
+	reg.mu.Unlock()
+	if err != nil {
+		setError("tlsf_init", err)
+	}
+}
+
+//export tlsfgo_reset
+func tlsfgo_reset() {
+	defer guard("tlsf_reset")
+	var errs []error
+	reg.each(func(dev int, p *pool.Pool) {
+		if _, err := p.Trim(); err != nil {
+			errs = append(errs, fmt.Errorf("device %d: %w", dev, err))
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		setError("tlsf_reset", err)
+	}
+}
+
+//export tlsfgo_set_memory_fraction
+func tlsfgo_set_memory_fraction(fraction C.double, dev C.int) {
+	defer guard("tlsf_set_memory_fraction")
+	if err := setMemoryFraction(float64(fraction), int(dev)); err != nil {
+		setError("tlsf_set_memory_fraction", fmt.Errorf("fraction %v on device %d: %w", float64(fraction), int(dev), err))
+	}
+}
+
+// setMemoryFraction caps the pool of dev at f × the device's total memory,
+// at least one byte (f = 0 refuses every growth, as in PyTorch).
+func setMemoryFraction(f float64, dev int) error {
+	if math.IsNaN(f) || f < 0 || f > 1 {
+		return fmt.Errorf("%w: want a fraction in [0, 1]", pool.ErrBadOptions)
+	}
+	p, err := reg.get(dev)
+	if err != nil {
+		return err
+	}
+	_, total, err := p.Device().MemGetInfo()
+	if err != nil {
+		return err
+	}
+	return p.SetMaxBytes(max(1, uint64(f*float64(total))))
+}
+
+//export tlsfgo_record_stream
+func tlsfgo_record_stream(ptr C.uintptr_t, stream C.uintptr_t) {
+	defer guard("tlsf_record_stream")
+	err := fmt.Errorf("%w: no pool has it live", pool.ErrUnknownPointer)
+	reg.each(func(_ int, p *pool.Pool) {
+		if err == nil {
+			return
+		}
+		if e := p.RecordStream(uintptr(ptr), device.Stream(stream)); e == nil || !errors.Is(e, pool.ErrUnknownPointer) {
+			err = e
+		}
+	})
+	if err != nil {
+		setError("tlsf_record_stream", fmt.Errorf("%#x on stream %#x: %w", uintptr(ptr), uintptr(stream), err))
+	}
+}
+
+//export tlsfgo_configure
+func tlsfgo_configure(conf *C.char, n C.size_t) C.int {
+	defer guard("tlsf_configure")
+	if err := reg.configure(C.GoStringN(conf, C.int(min(n, math.MaxInt32)))); err != nil {
+		setError("tlsf_configure", err)
+		return -1
+	}
+	return 0
+}
+
+//export tlsfgo_get_stats
+func tlsfgo_get_stats(dev C.int, out *C.tlsf_stats) (rc C.int) {
+	rc = -1
+	defer guard("tlsf_get_stats")
+	p, err := reg.lookup(int(dev))
+	if err != nil {
+		setError("tlsf_get_stats", err)
+		return -1
+	}
+	if p == nil {
+		return 0 // zeros: no pool yet
+	}
+	limit, err := p.Cap()
+	if err != nil {
+		setError("tlsf_get_stats", fmt.Errorf("device %d: %w", int(dev), err))
+		return -1
+	}
+	s := p.Stats()
+	out.allocated = C.uint64_t(s.Allocated)
+	out.reserved = C.uint64_t(s.Reserved)
+	out.active = C.uint64_t(s.Active + s.Cached)
+	out.cached = C.uint64_t(s.Cached)
+	out.peak_allocated = C.uint64_t(s.AllocatedPeak)
+	out.peak_reserved = C.uint64_t(s.ReservedPeak)
+	out.num_allocs = C.uint64_t(s.Allocs)
+	out.num_frees = C.uint64_t(s.Frees)
+	out.num_ooms = C.uint64_t(s.OutOfMemory)
+	out.device_calls = C.uint64_t(s.DeviceCalls.Total())
+	out.cap = C.uint64_t(limit)
+	return 0
+}
+
+//export tlsfgo_trim
+func tlsfgo_trim(dev C.int) (n C.size_t) {
+	defer guard("tlsf_trim")
+	p, err := reg.lookup(int(dev))
+	if err == nil && p != nil {
+		var released uint64
+		if released, err = p.Trim(); err == nil {
+			return C.size_t(released)
+		}
+		err = fmt.Errorf("device %d: %w", int(dev), err)
+	}
+	if err != nil {
+		setError("tlsf_trim", err)
+	}
+	return 0
+}

@@ -1,0 +1,313 @@
+//go:build cgo
+
+package main
+
+// Tests of the C ABI on simulated GPUs (TestMain configures device:sim).
+// Every call goes through tlsf.c, as from a C program (calls.go), on an
+// OS thread locked for the test, so the thread-local messages are the
+// ones a C caller would see.
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/gpumem/tlsf/pool"
+	"github.com/stretchr/testify/require"
+)
+
+const simCapacity = 4 << 30
+
+func TestMain(m *testing.M) {
+	runtime.LockOSThread()
+	if rc := callConfigure(fmt.Sprintf("device:sim,sim_capacity:%d", simCapacity), false); rc != 0 {
+		fmt.Fprintln(os.Stderr, "tlsf_configure:", lastError())
+		os.Exit(2)
+	}
+	os.Exit(m.Run())
+}
+
+// checkPools runs every pool's invariant check.
+func checkPools(t *testing.T) {
+	t.Helper()
+	reg.each(func(dev int, p *pool.Pool) {
+		require.NoError(t, p.Check(), "device %d", dev)
+	})
+}
+
+// Many OS threads at once on two devices, each checking that its messages
+// are its own and that a successful call clears them.
+func TestManyThreads(t *testing.T) {
+	const threads, rounds = 16, 300
+	var wg sync.WaitGroup
+	errs := make(chan error, threads)
+	for id := range threads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			r := rand.New(rand.NewPCG(uint64(id), 1))
+			dev := id % 2
+			var live []uintptr
+			for round := range rounds {
+				if len(live) < 32 && r.IntN(3) > 0 {
+					size := uint64(1 + r.IntN(4<<20))
+					ptr := callMalloc(size, dev, 0)
+					if ptr == 0 || lastError() != "" {
+						errs <- fmt.Errorf("thread %d: tlsf_malloc(%d): %q", id, size, lastError())
+						return
+					}
+					live = append(live, ptr)
+				} else if len(live) > 0 {
+					i := r.IntN(len(live))
+					callFree(live[i], 0, dev, 0)
+					if msg := lastError(); msg != "" {
+						errs <- fmt.Errorf("thread %d: tlsf_free: %q", id, msg)
+						return
+					}
+					live = append(live[:i], live[i+1:]...)
+				}
+				if round%37 == 0 {
+					bad := uintptr(0x11 + id) // unaligned: never a block, never another thread's
+					callFree(bad, 0, dev, 0)
+					want := fmt.Sprintf("%#x", bad)
+					runtime.Gosched() // let other threads fail and succeed meanwhile
+					if msg := lastError(); !contains(msg, want) || !contains(msg, "unknown pointer") {
+						errs <- fmt.Errorf("thread %d: bad free left %q, want %s", id, msg, want)
+						return
+					}
+				}
+			}
+			for _, ptr := range live {
+				callFree(ptr, 0, dev, 0)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for dev := range 2 {
+		s, _, rc := callGetStats(dev, statsSize, false)
+		require.Zero(t, rc, lastError())
+		require.Zero(t, s.Allocated, "device %d", dev)
+		require.NotZero(t, s.NumAllocs)
+		require.Equal(t, s.NumAllocs, s.NumFrees)
+	}
+	checkPools(t)
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
+
+// A message belongs to the thread that made it.
+func TestMessagesArePerThread(t *testing.T) {
+	aFailed, bChecked := make(chan struct{}), make(chan string)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		callFree(0x21, 0, 0, 0)
+		close(aFailed)
+		<-bChecked
+		bChecked <- lastError()
+	}()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	<-aFailed
+	require.Empty(t, lastError(), "thread A's message seen on this thread")
+	callFree(0x31, 0, 0, 0)
+	bChecked <- ""
+	require.Contains(t, <-bChecked, "0x21")
+	require.Contains(t, lastError(), "0x31")
+}
+
+func TestBadInput(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	ok := callMalloc(1<<20, 0, 0)
+	require.NotZero(t, ok, lastError())
+	before, _, _ := callGetStats(0, statsSize, false)
+
+	for _, tc := range []struct {
+		name string
+		call func() bool // true when the call reported failure
+		want string      // in the message; "" for no message
+	}{
+		{"malloc of 0 bytes is NULL, no error", func() bool { return callMalloc(0, 0, 0) == 0 }, ""},
+		{"malloc too large", func() bool { return callMalloc(1<<62, 0, 0) == 0 }, "too large"},
+		{"malloc out of memory", func() bool { return callMalloc(simCapacity+(1<<30), 0, 0) == 0 }, "out of memory"},
+		{"malloc on device -1", func() bool { return callMalloc(4096, -1, 0) == 0 }, "device ordinal -1"},
+		{"malloc on device 64", func() bool { return callMalloc(4096, 64, 0) == 0 }, "device ordinal 64"},
+		{"malloc on a sim device beyond the 4", func() bool { return callMalloc(4096, simDevices, 0) == 0 }, "device:sim has ordinals"},
+		{"free of NULL does nothing", func() bool { callFree(0, 0, 0, 0); return true }, ""},
+		{"free of an unknown pointer", func() bool { callFree(0x1000, 0, 0, 0); return true }, "unknown pointer"},
+		{"free of an interior pointer", func() bool { callFree(ok+256, 0, 0, 0); return true }, "unknown pointer"},
+		{"free on a bad device", func() bool { callFree(ok, 0, -5, 0); return true }, "device ordinal -5"},
+		{"free on a device with no pool", func() bool { callFree(ok, 0, 3, 0); return true }, "device 3 has no pool"},
+		{"configure with NULL", func() bool { return callConfigure("", true) == -1 }, "NULL"},
+		{"configure after first use", func() bool { return callConfigure("backend:vmm", false) == -1 }, "exists already"},
+		{"configure malformed", func() bool { return callConfigure("backend:vmm,colour:blue", false) == -1 }, `"colour"`},
+		{"configure bad value", func() bool { return callConfigure("max_fraction:2", false) == -1 }, `"max_fraction"`},
+		{"stats into NULL", func() bool { _, _, rc := callGetStats(0, statsSize, true); return rc == -1 }, "NULL"},
+		{"stats with size below a size_t", func() bool { _, _, rc := callGetStats(0, 4, false); return rc == -1 }, "size"},
+		{"stats on a bad device", func() bool { _, _, rc := callGetStats(-1, statsSize, false); return rc == -1 }, "device ordinal -1"},
+		{"memory fraction NaN", func() bool { callSetMemoryFraction(math.NaN(), 0); return true }, "fraction"},
+		{"memory fraction above 1", func() bool { callSetMemoryFraction(1.5, 0); return true }, "fraction"},
+		{"memory fraction on a bad device", func() bool { callSetMemoryFraction(0.5, 99); return true }, "device ordinal 99"},
+		{"record stream of a foreign pointer", func() bool { callRecordStream(0x1000, 0); return true }, "unknown pointer"},
+		{"trim on a bad device", func() bool { return callTrim(-1) == 0 }, "device ordinal -1"},
+		{"trim of a device with no pool", func() bool { return callTrim(3) == 0 }, ""},
+	} {
+		failed := tc.call()
+		require.True(t, failed, tc.name)
+		if tc.want == "" {
+			require.Empty(t, lastError(), tc.name)
+		} else {
+			require.Contains(t, lastError(), tc.want, tc.name)
+		}
+		after, _, rc := callGetStats(0, statsSize, false)
+		require.Zero(t, rc, tc.name)
+		// Only the counters of failures and driver calls may move, and
+		// what the out-of-memory path releases: caches and unused memory.
+		require.Equal(t, withoutReleasable(before), withoutReleasable(after), tc.name)
+		checkPools(t)
+	}
+
+	callFree(ok, 0, 0, 0)
+	require.Empty(t, lastError())
+	callFree(ok, 0, 0, 0)
+	require.Contains(t, lastError(), "double free")
+	checkPools(t)
+}
+
+// withoutReleasable clears the counters a failed call may move.
+func withoutReleasable(s stats) stats {
+	s.Active -= s.Cached
+	s.Cached, s.Reserved, s.NumOOMs, s.DevCall = 0, 0, 0, 0
+	return s
+}
+
+// tlsf_get_stats fills at most out->size bytes and says how many.
+func TestStatsSize(t *testing.T) {
+	s, buf, rc := callGetStats(0, 16, false)
+	require.Zero(t, rc, lastError())
+	require.Equal(t, uint64(16), s.Size)
+	require.Equal(t, uint64(0xdeadbeef), buf[2], "a byte written past size")
+	s, buf, rc = callGetStats(0, 1<<20, false) // a newer caller's larger struct
+	require.Zero(t, rc, lastError())
+	require.Equal(t, uint64(statsSize), s.Size)
+	require.Equal(t, uint64(0xdeadbeef), buf[statsSize/8])
+	s, _, rc = callGetStats(2, statsSize, false) // no pool yet: zeros
+	require.Zero(t, rc, lastError())
+	require.Equal(t, stats{Size: statsSize}, s)
+}
+
+// The memory-fraction hook caps reserved memory at fraction × total, and
+// the reset hook trims.
+func TestMemoryFractionAndReset(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	const dev = 1
+	callTrim(dev) // the cap applies to growth: start from nothing reserved
+	require.Empty(t, lastError())
+	callSetMemoryFraction(1.0/1024, dev) // 4 MiB of the 4 GiB
+	require.Empty(t, lastError())
+	s, _, _ := callGetStats(dev, statsSize, false)
+	require.Equal(t, uint64(simCapacity/1024), s.Cap)
+	require.Zero(t, callMalloc(8<<20, dev, 0))
+	require.Contains(t, lastError(), "out of memory")
+	s2, _, _ := callGetStats(dev, statsSize, false)
+	require.Equal(t, s.NumOOMs+1, s2.NumOOMs)
+
+	callSetMemoryFraction(1, dev)
+	require.Empty(t, lastError())
+	ptr := callMalloc(8<<20, dev, 0)
+	require.NotZero(t, ptr, lastError())
+	callFree(ptr, 8<<20, dev, 0)
+	s, _, _ = callGetStats(dev, statsSize, false)
+	require.NotZero(t, s.Reserved)
+	callReset()
+	require.Empty(t, lastError())
+	s, _, _ = callGetStats(dev, statsSize, false)
+	require.Zero(t, s.Reserved)
+	checkPools(t)
+}
+
+func TestInitAndRecordStream(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	callInit(8) // PyTorch passes the device count
+	require.Empty(t, lastError())
+	ptr := callMalloc(1<<20, 0, 0)
+	require.NotZero(t, ptr, lastError())
+	callRecordStream(ptr, 0) // the legacy default stream: the one it is freed on
+	require.Empty(t, lastError())
+	callFree(ptr, 1<<20, 0, 0)
+	require.Empty(t, lastError())
+	callRecordStream(ptr, 0)
+	require.Contains(t, lastError(), "unknown pointer")
+	checkPools(t)
+}
+
+// Streams the caller creates and destroys, as a framework does: allocate
+// and free on them, record one on another's block, destroy them without
+// telling the pool; the pool keeps serving, trimming and checking.
+func TestDestroyedStreamsThroughTheABI(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	const dev = 2
+	first := callMalloc(4096, dev, 0) // makes the pool
+	require.NotZero(t, first, lastError())
+	p, err := reg.lookup(dev)
+	require.NoError(t, err)
+	d := p.Device()
+	for round := range 8 {
+		a, err := d.StreamCreate()
+		require.NoError(t, err)
+		b, err := d.StreamCreate()
+		require.NoError(t, err)
+		x := callMalloc(3<<20, dev, uintptr(a))
+		require.NotZero(t, x, "round %d: %s", round, lastError())
+		y := callMalloc(3<<20, dev, uintptr(b))
+		require.NotZero(t, y, "round %d: %s", round, lastError())
+		callRecordStream(x, uintptr(b))
+		require.Empty(t, lastError())
+		callFree(x, 3<<20, dev, uintptr(a))
+		require.Empty(t, lastError())
+		callFree(y, 3<<20, dev, uintptr(b))
+		require.Empty(t, lastError())
+		require.NoError(t, d.StreamDestroy(a))
+		require.NoError(t, d.StreamDestroy(b))
+		callTrim(dev)
+		require.Empty(t, lastError(), "round %d", round)
+		require.NoError(t, p.Check())
+	}
+	callFree(first, 4096, dev, 0)
+	require.Empty(t, lastError())
+	s, _, _ := callGetStats(dev, statsSize, false)
+	require.Zero(t, s.Allocated)
+	require.Equal(t, s.Cached, s.Active, "nothing awaits a stream: active is what the caches hold")
+}
+
+// BenchmarkMallocFree is a tlsf_malloc + tlsf_free pair of 4 KiB from one
+// OS thread through tlsf.c, called from Go: it pays a Go-to-C call on top
+// of what a C caller pays (capi/example measures that).
+func BenchmarkMallocFree(b *testing.B) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for b.Loop() {
+		callFree(callMalloc(4096, 0, 0), 4096, 0, 0)
+	}
+}

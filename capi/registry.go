@@ -1,0 +1,130 @@
+//go:build cgo
+
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gpumem/tlsf/device/sim"
+	"github.com/gpumem/tlsf/pool"
+)
+
+// maxDevices bounds device ordinals: 64 GPUs, more than any one host has.
+const maxDevices = 64
+
+// simDevices is the number of simulated GPUs under device:sim (ordinals
+// 0 to 3), so that tests can use several devices and a bad ordinal.
+const simDevices = 4
+
+// errBadDevice: a device ordinal out of range.
+var errBadDevice = errors.New("bad device ordinal")
+
+// errConfigured: tlsf_configure after a pool was made.
+var errConfigured = errors.New("a pool exists already: call tlsf_configure before the first allocation")
+
+// registry is the library's one pool per device ordinal. The pools are
+// read with an atomic load on every call; mu serialises configuration and
+// the making of pools. (A pool.Devices type may take its place.)
+type registry struct {
+	pools [maxDevices]atomic.Pointer[pool.Pool]
+
+	mu   sync.Mutex
+	conf *pool.Conf // nil until tlsf_configure or the first use
+	made bool       // a pool was made: the configuration is final
+}
+
+var reg registry
+
+// configure sets the configuration from s (tlsf_configure).
+func (r *registry) configure(s string) error {
+	c, err := pool.ParseConf(s)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.made {
+		return errConfigured
+	}
+	r.conf = &c
+	return nil
+}
+
+// confLocked returns the configuration, reading TLSF_ALLOC_CONF if none
+// was set. mu held.
+func (r *registry) confLocked() (*pool.Conf, error) {
+	if r.conf == nil {
+		c, err := pool.ParseConf(os.Getenv(pool.ConfEnv))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", pool.ConfEnv, err)
+		}
+		r.conf = &c
+	}
+	return r.conf, nil
+}
+
+// checkOrdinal rejects ordinals no pool can have.
+func checkOrdinal(dev int) error {
+	if dev < 0 || dev >= maxDevices {
+		return fmt.Errorf("%w %d: want 0 to %d", errBadDevice, dev, maxDevices-1)
+	}
+	return nil
+}
+
+// lookup returns the pool of dev, or nil if none was made.
+func (r *registry) lookup(dev int) (*pool.Pool, error) {
+	if err := checkOrdinal(dev); err != nil {
+		return nil, err
+	}
+	return r.pools[dev].Load(), nil
+}
+
+// get returns the pool of dev, making it on first use.
+func (r *registry) get(dev int) (*pool.Pool, error) {
+	if uint(dev) < maxDevices {
+		if p := r.pools[dev].Load(); p != nil {
+			return p, nil
+		}
+	}
+	if err := checkOrdinal(dev); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p := r.pools[dev].Load(); p != nil {
+		return p, nil
+	}
+	c, err := r.confLocked()
+	if err != nil {
+		return nil, err
+	}
+	var p *pool.Pool
+	switch c.Device {
+	case pool.ConfDeviceSim:
+		if dev >= simDevices {
+			return nil, fmt.Errorf("%w %d: device:sim has ordinals 0 to %d", errBadDevice, dev, simDevices-1)
+		}
+		p, err = pool.New(sim.New(sim.Config{Capacity: c.SimCapacity, Ordinal: dev}), c.Options)
+	default:
+		p, err = pool.NewCUDA(dev, c.Options)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("making the pool of device %d: %w", dev, err)
+	}
+	r.made = true
+	r.pools[dev].Store(p)
+	return p, nil
+}
+
+// each calls f for every pool made, by ordinal.
+func (r *registry) each(f func(dev int, p *pool.Pool)) {
+	for dev := range r.pools {
+		if p := r.pools[dev].Load(); p != nil {
+			f(dev, p)
+		}
+	}
+}

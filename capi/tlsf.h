@@ -1,0 +1,190 @@
+/*
+ * tlsf.h: the C ABI of github.com/gpumem/tlsf, a GPU device-memory pool
+ * (TLSF sub-allocation over CUDA device memory), built as a shared library:
+ *
+ *     CGO_ENABLED=1 go build -buildmode=c-shared -o bin/libtlsf.so ./capi
+ *     (or: make capi)
+ *
+ * The library loads the CUDA driver (libcuda.so.1) at run time; it needs
+ * no CUDA headers or libraries at build time.
+ *
+ * Pools. One pool per device ordinal, made on the first call that needs
+ * it (tlsf_malloc, tlsf_set_memory_fraction), with the configuration set
+ * by tlsf_configure or, failing that, read from the environment variable
+ * TLSF_ALLOC_CONF at that first use. Pools live until the process exits.
+ *
+ * Threads. Every function may be called from any thread, at the same time
+ * as any other. Each function except tlsf_last_error first clears the
+ * calling thread's error message; on failure it leaves a message there, so
+ * after a call tlsf_last_error() returns "" exactly when that call
+ * succeeded. Messages are per OS thread: one thread never sees another's.
+ *
+ * Errors. No function aborts or exits the process, whatever it is passed.
+ * A failed call leaves every pool's allocations and statistics as they
+ * were, apart from the counters of driver calls and out-of-memory events
+ * (num_ooms, device_calls) and the release of unused cached memory that
+ * the out-of-memory path performs before giving up (reserved may drop).
+ *
+ * Streams. A stream argument is a CUstream / cudaStream_t (NULL: the
+ * legacy default stream). Memory freed on a stream may be reused at once
+ * by later requests on that stream, and by other streams only after the
+ * work queued on it before the free has completed (the pool records a
+ * CUDA event). A stream destroyed without ceasing to be used is detected
+ * when a driver call on it fails with an invalid handle; the pool then
+ * forgets it and keeps serving.
+ *
+ * Units: sizes are bytes; pointers are CUDA device pointers aligned to at
+ * least 256 bytes.
+ *
+ * PyTorch: tlsf_malloc and tlsf_free have the types of its pluggable
+ * allocator (torch.cuda.memory.CUDAPluggableAllocator, MallocFuncType and
+ * FreeFuncType); tlsf_init, tlsf_reset, tlsf_set_memory_fraction and
+ * tlsf_record_stream are the hooks set with set_init_fn, set_reset_fn,
+ * set_memory_fraction_fn and set_record_stream_fn. python/tlsf_torch.py
+ * wires them.
+ */
+#ifndef TLSF_H
+#define TLSF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Longest message tlsf_last_error returns, terminating NUL included;
+ * longer messages are cut. */
+#define TLSF_ERROR_MAX 1024
+
+/*
+ * tlsf_stats: a pool's statistics, in bytes unless said otherwise. The
+ * struct may grow at its end in later versions: set size to
+ * sizeof(tlsf_stats) before calling tlsf_get_stats, which fills at most
+ * that many bytes and sets size to the number of bytes it filled.
+ */
+typedef struct tlsf_stats {
+  size_t   size;            /* in: sizeof(tlsf_stats) as the caller knows it; out: bytes filled */
+  uint64_t allocated;       /* bytes in live blocks, each at its size-class size */
+  uint64_t reserved;        /* bytes held from the driver (mapped pages or chunks) */
+  uint64_t active;          /* bytes that cannot serve a new request: allocated, blocks
+                               awaiting a stream's work, and cached */
+  uint64_t cached;          /* bytes held by the per-thread (per-P) small-block caches */
+  uint64_t peak_allocated;  /* highest allocated since the pool was made (caches counted in) */
+  uint64_t peak_reserved;   /* highest reserved since the pool was made */
+  uint64_t num_allocs;      /* successful allocations */
+  uint64_t num_frees;       /* successful frees */
+  uint64_t num_ooms;        /* allocations that failed for want of memory */
+  uint64_t device_calls;    /* driver calls the pool made, of every kind */
+  uint64_t cap;             /* the cap on reserved now, bytes (0: none) */
+} tlsf_stats;
+
+/*
+ * tlsf_malloc: allocates size bytes on device ordinal `device` for use on
+ * `stream`, and returns the device pointer (aligned to 256 bytes).
+ * size 0 returns NULL and is no error (tlsf_last_error() is ""), as
+ * PyTorch's own allocator returns a null pointer for empty tensors.
+ * Failure: NULL, with the reason in tlsf_last_error(): out of memory (the
+ * message gives the request, allocated and reserved bytes, the largest
+ * free block and the device's free memory), a size the pool can never
+ * serve, a bad device ordinal, a malformed configuration, no CUDA driver.
+ * Nothing was allocated.
+ */
+void* tlsf_malloc(size_t size, int device, void* stream);
+
+/*
+ * tlsf_free: frees ptr, returned by tlsf_malloc for `device`, whose last
+ * use is queued on `stream` (or done). size is the size asked for; it is
+ * not needed and not checked. NULL does nothing.
+ * Failure (see tlsf_last_error): a pointer freed already, one the pool
+ * never returned or the interior of an allocation, a bad device ordinal.
+ * The pool is unchanged: nothing is freed twice.
+ */
+void tlsf_free(void* ptr, size_t size, int device, void* stream);
+
+/*
+ * tlsf_init: PyTorch's init hook, called with the number of devices when
+ * CUDA is initialised. Pools are made lazily, so this only checks the
+ * configuration (parsing TLSF_ALLOC_CONF if tlsf_configure was not called)
+ * and, when that fails, sets the message.
+ */
+void tlsf_init(int device_count);
+
+/*
+ * tlsf_reset: PyTorch's reset hook (torch.cuda.empty_cache): trims every
+ * pool, as tlsf_trim. On failure the message names the devices whose trim
+ * failed; the others were trimmed.
+ */
+void tlsf_reset(void);
+
+/*
+ * tlsf_set_memory_fraction: PyTorch's memory-fraction hook
+ * (torch.cuda.set_per_process_memory_fraction): caps the memory the pool of
+ * `device` reserves at fraction x the device's total memory (cuMemGetInfo),
+ * making the pool if need be. fraction is in [0, 1]; 0 refuses every
+ * allocation that needs more memory, as in PyTorch. Memory reserved above
+ * a lowered cap stays until trimmed; growth beyond the cap fails.
+ * Failure (see tlsf_last_error): a fraction out of range or NaN, a bad
+ * device ordinal, a pool that cannot be made. The cap is unchanged.
+ */
+void tlsf_set_memory_fraction(double fraction, int device);
+
+/*
+ * tlsf_record_stream: PyTorch's record-stream hook
+ * (Tensor.record_stream): ptr, a live allocation, is also used by work on
+ * `stream`. When ptr is freed, the pool records an event on each recorded
+ * stream (and on the freeing stream) and reuses the block only after all
+ * of them completed. Recording the allocation's own stream does nothing.
+ * Failure (see tlsf_last_error): a pointer no pool has live. Nothing is
+ * recorded.
+ */
+void tlsf_record_stream(void* ptr, void* stream);
+
+/*
+ * tlsf_configure: sets the configuration of every pool, before the first
+ * pool is made; it replaces TLSF_ALLOC_CONF. conf is key:value pairs
+ * separated by commas, e.g. "backend:vmm,max_bytes:40GiB,caches:false".
+ * Keys: backend (auto|vmm|chunks|passthrough), device (cuda|sim),
+ * sim_capacity (bytes, device:sim only), initial_fraction, grow_fraction,
+ * max_fraction, release_fraction, free_floor_fraction (fractions in
+ * [0, 1]), max_bytes (bytes), caches (true|false), passthrough
+ * (true|false). Bytes: an integer, or a number and a unit KiB, MiB, GiB,
+ * TiB (powers of 1024), KB, MB, GB, TB (powers of 1000) or B.
+ * Returns 0 on success; -1 on failure (conf NULL or malformed: an unknown
+ * key, a bad value, named in the message; or a pool exists already), when
+ * the configuration is unchanged.
+ */
+int tlsf_configure(const char* conf);
+
+/*
+ * tlsf_get_stats: fills *out with the statistics of the pool of `device`
+ * (see tlsf_stats; set out->size first). A device with no pool yet reports
+ * zeros. Returns 0 on success; -1 on failure (out NULL, out->size smaller
+ * than a size_t, a bad device ordinal, a driver error reading the cap),
+ * when *out is unchanged.
+ */
+int tlsf_get_stats(int device, tlsf_stats* out);
+
+/*
+ * tlsf_trim: returns all unused memory of the pool of `device` to the
+ * driver (empties the caches, waits for the work of pending stream-ordered
+ * frees, unmaps pages or frees chunks lying wholly under free blocks) and
+ * returns the bytes released. A device with no pool returns 0. Failure: 0
+ * and a message (bad ordinal, driver error); what was released before the
+ * error stays released.
+ */
+size_t tlsf_trim(int device);
+
+/*
+ * tlsf_last_error: the message of the calling thread's latest failed call,
+ * "" if its latest call succeeded or it has made none. The string belongs
+ * to the library and stays valid until the thread's next call of a tlsf_
+ * function; copy it to keep it.
+ */
+const char* tlsf_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TLSF_H */

@@ -1,0 +1,217 @@
+package pool
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Configuration strings.
+//
+// Programs that cannot build an Options value (the C ABI in capi/, a
+// PyTorch process, a command line) configure a pool with one string of
+// comma-separated key:value pairs, in the manner of PyTorch's
+// PYTORCH_CUDA_ALLOC_CONF:
+//
+//	backend:vmm,max_fraction:0.9,max_bytes:40GiB,caches:false
+//
+// Keys are lower case; blanks around keys, values and commas are ignored;
+// each key may appear once; an empty string is the default configuration.
+
+// ConfEnv is the environment variable the C ABI reads at first use when
+// tlsf_configure was not called: a configuration string for ParseConf.
+const ConfEnv = "TLSF_ALLOC_CONF"
+
+// Device kinds of a Conf.
+const (
+	// ConfDeviceCUDA: pools on GPUs through the CUDA driver (cuda.Open).
+	ConfDeviceCUDA = "cuda"
+	// ConfDeviceSim: pools on simulated GPUs (device/sim), for tests and
+	// examples without a GPU.
+	ConfDeviceSim = "sim"
+)
+
+// Conf is a parsed configuration string: the pool's Options and the keys
+// that say which device to open.
+type Conf struct {
+	// Options for every pool made with this configuration.
+	Options Options
+	// Device is ConfDeviceCUDA (the default) or ConfDeviceSim.
+	Device string
+	// SimCapacity is each simulated GPU's memory in bytes (0: the
+	// simulator's default, an H200's 143771 MiB). Only with ConfDeviceSim.
+	SimCapacity uint64
+}
+
+// confKeys maps each key to the function that applies its value.
+var confKeys = map[string]func(c *Conf, v string) error{
+	"backend": func(c *Conf, v string) error {
+		for b, name := range backendNames {
+			if v == name {
+				c.Options.Backend = Backend(b)
+				return nil
+			}
+		}
+		return fmt.Errorf("want one of %s", strings.Join(backendNames[:], ", "))
+	},
+	"device": func(c *Conf, v string) error {
+		if v != ConfDeviceCUDA && v != ConfDeviceSim {
+			return fmt.Errorf("want %s or %s", ConfDeviceCUDA, ConfDeviceSim)
+		}
+		c.Device = v
+		return nil
+	},
+	"sim_capacity":        func(c *Conf, v string) (err error) { c.SimCapacity, err = parseBytes(v); return err },
+	"initial_fraction":    fraction(func(c *Conf) *float64 { return &c.Options.InitialFraction }),
+	"grow_fraction":       fraction(func(c *Conf) *float64 { return &c.Options.GrowFraction }),
+	"max_fraction":        fraction(func(c *Conf) *float64 { return &c.Options.MaxFraction }),
+	"release_fraction":    fraction(func(c *Conf) *float64 { return &c.Options.ReleaseFraction }),
+	"free_floor_fraction": fraction(func(c *Conf) *float64 { return &c.Options.FreeFloorFraction }),
+	"max_bytes":           func(c *Conf, v string) (err error) { c.Options.MaxBytes, err = parseBytes(v); return err },
+	"caches": func(c *Conf, v string) error {
+		on, err := parseBool(v)
+		c.Options.Cache.Disable = !on
+		return err
+	},
+	"passthrough": func(c *Conf, v string) (err error) { c.Options.Passthrough, err = parseBool(v); return err },
+}
+
+// ParseConf parses a configuration string of comma-separated key:value
+// pairs. Keys:
+//
+//	backend              auto | vmm | chunks | passthrough (Options.Backend)
+//	device               cuda | sim (Conf.Device; default cuda)
+//	sim_capacity         bytes (Conf.SimCapacity; sim only)
+//	initial_fraction     fraction in [0, 1] (Options.InitialFraction)
+//	grow_fraction        fraction in [0, 1] (Options.GrowFraction)
+//	max_fraction         fraction in [0, 1] (Options.MaxFraction)
+//	max_bytes            bytes (Options.MaxBytes; 0: no cap)
+//	release_fraction     fraction in [0, 1] (Options.ReleaseFraction)
+//	free_floor_fraction  fraction in [0, 1] (Options.FreeFloorFraction)
+//	caches               true | false (false sets Options.Cache.Disable)
+//	passthrough          true | false (Options.Passthrough)
+//
+// Bytes are a whole number, optionally followed by a unit: B, KiB, MiB,
+// GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000); with a
+// unit the number may have a fraction ("1.5GiB"), rounded down to whole
+// bytes. A fraction of 0 selects the default, as in Options.
+//
+// Errors wrap ErrBadOptions and name the key or the malformed item: an
+// item without a colon, an empty key, an unknown key, a key given twice,
+// a value out of range or unparsable, or options that conflict
+// (initial_fraction above max_fraction, sim_capacity without device:sim).
+// On error the returned Conf is the zero value.
+func ParseConf(s string) (Conf, error) {
+	c := Conf{Device: ConfDeviceCUDA}
+	if strings.TrimSpace(s) == "" {
+		return c, nil
+	}
+	seen := map[string]bool{}
+	for _, item := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(item, ":")
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		switch {
+		case strings.TrimSpace(item) == "":
+			return Conf{}, fmt.Errorf("%w: configuration %q: empty item", ErrBadOptions, s)
+		case !ok:
+			return Conf{}, fmt.Errorf("%w: configuration item %q: want key:value", ErrBadOptions, strings.TrimSpace(item))
+		case k == "":
+			return Conf{}, fmt.Errorf("%w: configuration item %q: empty key", ErrBadOptions, strings.TrimSpace(item))
+		}
+		apply, known := confKeys[k]
+		if !known {
+			return Conf{}, fmt.Errorf("%w: unknown configuration key %q (known: %s)", ErrBadOptions, k, strings.Join(confKeyNames(), ", "))
+		}
+		if seen[k] {
+			return Conf{}, fmt.Errorf("%w: configuration key %q given twice", ErrBadOptions, k)
+		}
+		seen[k] = true
+		if err := apply(&c, v); err != nil {
+			return Conf{}, fmt.Errorf("%w: configuration key %q: value %q: %v", ErrBadOptions, k, v, err)
+		}
+	}
+	if c.SimCapacity != 0 && c.Device != ConfDeviceSim {
+		return Conf{}, fmt.Errorf("%w: configuration key %q applies only with device:%s", ErrBadOptions, "sim_capacity", ConfDeviceSim)
+	}
+	if _, err := c.Options.withDefaults(); err != nil {
+		return Conf{}, fmt.Errorf("configuration %q: %w", s, err)
+	}
+	return c, nil
+}
+
+// confKeyNames lists the known keys, sorted, for messages.
+func confKeyNames() []string {
+	names := make([]string, 0, len(confKeys))
+	for k := range confKeys {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// fraction returns the parser of a fraction-valued key stored at field.
+func fraction(field func(*Conf) *float64) func(*Conf, string) error {
+	return func(c *Conf, v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return fmt.Errorf("not a number")
+		}
+		if math.IsNaN(f) || f < 0 || f > 1 {
+			return fmt.Errorf("want a fraction in [0, 1]")
+		}
+		*field(c) = f
+		return nil
+	}
+}
+
+func parseBool(v string) (bool, error) {
+	switch v {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, fmt.Errorf("want true or false")
+}
+
+// byteUnits are the units parseBytes accepts, in bytes.
+var byteUnits = map[string]uint64{
+	"B":   1,
+	"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+	"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+}
+
+// parseBytes parses a byte count: digits, or a number and a unit of
+// byteUnits.
+func parseBytes(v string) (uint64, error) {
+	i := strings.IndexFunc(v, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	num, unit := v, ""
+	if i >= 0 {
+		num, unit = strings.TrimSpace(v[:i]), strings.TrimSpace(v[i:])
+	}
+	if num == "" {
+		return 0, fmt.Errorf("want a byte count such as 1073741824 or 1GiB")
+	}
+	if unit == "" {
+		n, err := strconv.ParseUint(num, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("want a whole number of bytes, or a number and a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
+		}
+		return n, nil
+	}
+	mult, ok := byteUnits[unit]
+	if !ok {
+		return 0, fmt.Errorf("unknown unit %q, want B, KiB, MiB, GiB, TiB, KB, MB, GB or TB", unit)
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a number", num)
+	}
+	b := f * float64(mult)
+	if b >= math.MaxUint64 { // 2^64 as a float64: not representable
+		return 0, fmt.Errorf("above 2^64 bytes")
+	}
+	return uint64(b), nil
+}

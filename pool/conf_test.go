@@ -1,0 +1,116 @@
+package pool
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseConfAcceptsEveryKey(t *testing.T) {
+	c, err := ParseConf(" backend:chunks , device:sim,sim_capacity:2GiB,initial_fraction:0.01," +
+		"grow_fraction:0.5,max_fraction:0.9,max_bytes:1.5GiB,release_fraction:0.03," +
+		"free_floor_fraction:0.1,caches:false,passthrough:false")
+	require.NoError(t, err)
+	require.Equal(t, Conf{
+		Device:      ConfDeviceSim,
+		SimCapacity: 2 << 30,
+		Options: Options{
+			Backend:           BackendChunks,
+			InitialFraction:   0.01,
+			GrowFraction:      0.5,
+			MaxFraction:       0.9,
+			MaxBytes:          3 << 29,
+			ReleaseFraction:   0.03,
+			FreeFloorFraction: 0.1,
+			Cache:             CacheOptions{Disable: true},
+		},
+	}, c)
+}
+
+func TestParseConfDefaults(t *testing.T) {
+	for _, s := range []string{"", "   "} {
+		c, err := ParseConf(s)
+		require.NoError(t, err)
+		require.Equal(t, Conf{Device: ConfDeviceCUDA}, c, "%q", s)
+	}
+	c, err := ParseConf("caches:true,passthrough:true,backend:auto")
+	require.NoError(t, err)
+	require.Equal(t, Conf{Device: ConfDeviceCUDA, Options: Options{Passthrough: true}}, c)
+}
+
+func TestParseConfByteUnits(t *testing.T) {
+	for in, want := range map[string]uint64{
+		"0":                    0,
+		"1234":                 1234,
+		"18446744073709551615": 1<<64 - 1,
+		"7B":                   7,
+		"3KiB":                 3 << 10,
+		"3 MiB":                3 << 20,
+		"40GiB":                40 << 30,
+		"1TiB":                 1 << 40,
+		"2KB":                  2000,
+		"2MB":                  2e6,
+		"2GB":                  2e9,
+		"0.5KiB":               512,
+		"1.0001KB":             1000,
+	} {
+		c, err := ParseConf("max_bytes:" + in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, c.Options.MaxBytes, in)
+	}
+}
+
+// Every malformed string fails with ErrBadOptions, and the message names
+// the key, or the item, at fault.
+func TestParseConfRejects(t *testing.T) {
+	for _, tc := range []struct{ in, names string }{
+		{"backend", `"backend"`},
+		{"backend:vmm,,caches:true", "empty item"},
+		{"backend:vmm,", "empty item"},
+		{":vmm", "empty key"},
+		{"colour:blue", `"colour"`},
+		{"Backend:vmm", `"Backend"`},
+		{"backend:fast", `"backend"`},
+		{"backend:vmm,backend:chunks", `"backend" given twice`},
+		{"device:rocm", `"device"`},
+		{"max_fraction:1.5", `"max_fraction"`},
+		{"max_fraction:-0.1", `"max_fraction"`},
+		{"grow_fraction:NaN", `"grow_fraction"`},
+		{"initial_fraction:half", `"initial_fraction"`},
+		{"release_fraction:", `"release_fraction"`},
+		{"free_floor_fraction:Inf", `"free_floor_fraction"`},
+		{"max_bytes:-1", `"max_bytes"`},
+		{"max_bytes:1.5", `"max_bytes"`},
+		{"max_bytes:12XB", `"max_bytes"`},
+		{"max_bytes:GiB", `"max_bytes"`},
+		{"max_bytes:18446744073709551616", `"max_bytes"`},
+		{"max_bytes:99999999999TiB", `"max_bytes"`},
+		{"max_bytes:1.2.3GiB", `"max_bytes"`},
+		{"caches:yes", `"caches"`},
+		{"passthrough:1", `"passthrough"`},
+		{"sim_capacity:1GiB", `"sim_capacity"`},
+		{"device:sim,sim_capacity:lots", `"sim_capacity"`},
+		{"initial_fraction:0.5,max_fraction:0.25", "InitialFraction"},
+	} {
+		c, err := ParseConf(tc.in)
+		require.Error(t, err, tc.in)
+		require.True(t, errors.Is(err, ErrBadOptions), "%q: %v", tc.in, err)
+		require.Contains(t, err.Error(), tc.names, tc.in)
+		require.Equal(t, Conf{}, c, tc.in)
+	}
+}
+
+func FuzzParseConf(f *testing.F) {
+	f.Add("backend:vmm,max_bytes:1GiB,caches:false")
+	f.Add("device:sim,sim_capacity:0.5TB")
+	f.Fuzz(func(t *testing.T, s string) {
+		c, err := ParseConf(s)
+		if err != nil {
+			require.ErrorIs(t, err, ErrBadOptions)
+			return
+		}
+		_, err = c.Options.withDefaults()
+		require.NoError(t, err)
+	})
+}
