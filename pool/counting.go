@@ -42,9 +42,15 @@ func (c *counted) MemAlloc(size uint64) (uintptr, error) {
 
 func (c *counted) MemFree(ptr uintptr) error {
 	c.n[device.CallMemFree].Add(1)
+	if c.heaps == nil {
+		return c.Device.MemFree(ptr)
+	}
+	// The checker forgets the heap before the driver frees its memory
+	// (afterwards it refuses the unregistration).
+	size := c.heaps.unmapped(ptr)
 	err := c.Device.MemFree(ptr)
-	if err == nil && c.heaps != nil {
-		c.heaps.unmapped(ptr)
+	if err != nil && size > 0 {
+		c.heaps.mapped(ptr, size) // still ours
 	}
 	return err
 }
@@ -65,9 +71,13 @@ func (c *counted) AddressReserve(size, align uint64) (uintptr, error) {
 
 func (c *counted) AddressFree(ptr uintptr, size uint64) error {
 	c.n[device.CallAddressFree].Add(1)
+	if c.heaps == nil {
+		return c.Device.AddressFree(ptr, size)
+	}
+	had := c.heaps.unmapped(ptr)
 	err := c.Device.AddressFree(ptr, size)
-	if err == nil && c.heaps != nil {
-		c.heaps.unmapped(ptr)
+	if err != nil && had > 0 {
+		c.heaps.mapped(ptr, had)
 	}
 	return err
 }

@@ -68,9 +68,12 @@ func (p *Pool) initDebug() error {
 	}
 	// The driver shows each allocation of a passthrough pool to the
 	// checker itself.
-	if p.opts.Backend != BackendPassthrough {
-		d.watch = openWatch()
+	if p.opts.Backend != BackendPassthrough && p.opts.Backend != BackendVMM {
+		d.watch = openWatch(p.dev.Device)
 		p.dev.heaps = d.watch
+		if d.watch != nil && p.backend == BackendAuto {
+			p.backend = BackendChunks // the checker refuses VMM heaps (nvtx.go)
+		}
 	}
 	if d.guard > 0 || d.watch != nil {
 		p.dbg = d

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/device/sim"
 	"github.com/stretchr/testify/require"
 )
@@ -20,6 +21,9 @@ type recordingChecker struct {
 	heaps   map[uintptr][2]uintptr // handle → [base, end)
 	regions map[uintptr]uintptr    // ptr → end
 	calls   []string
+	// dev, when set, must still hold a heap's memory when it is
+	// unregistered: the tool refuses to forget a heap already freed.
+	dev device.Device
 }
 
 func newRecordingChecker(t *testing.T) *recordingChecker {
@@ -41,6 +45,12 @@ func (c *recordingChecker) HeapUnregister(h uintptr) {
 	r, ok := c.heaps[h]
 	if !ok {
 		c.t.Errorf("unregister of unknown heap %#x", h)
+	}
+	if c.dev != nil {
+		var b [1]byte
+		if err := c.dev.MemcpyDtoH(b[:], r[0]); err != nil {
+			c.t.Errorf("heap %#x unregistered after its memory was freed: %v", r[0], err)
+		}
 	}
 	for p := range c.regions {
 		if p >= r[0] && p < r[1] {
@@ -95,15 +105,17 @@ func withChecker(t *testing.T) *recordingChecker {
 // Every block handed out, cache hits included, is a region of a heap
 // while live and only then; every heap goes when its memory goes back.
 func TestCheckerSeesEveryBlock(t *testing.T) {
-	for _, be := range pooledBackends {
+	for _, be := range []Backend{BackendAuto, BackendChunks} {
 		for _, cm := range cacheModes {
 			for _, guard := range []uint64{0, 64} {
 				t.Run(fmt.Sprintf("%s/guard=%d", configName(be, cm.off), guard), func(t *testing.T) {
 					chk := withChecker(t)
 					sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+					chk.dev = sd
 					d := onSim(sd)
 					p := openPool(t, d, Options{Backend: be, Guard: guard, Cache: CacheOptions{Disable: cm.off}})
 					require.NotNil(t, p.dbg)
+					require.Equal(t, BackendChunks, p.Backend(), "with a checker, auto is chunks")
 					live := map[uintptr]uint64{}
 					sizes := []uint64{256, 1000, 256, 70 * kiB, 3 * miB, 256, 1000}
 					for round := 0; round < 3; round++ {
@@ -143,13 +155,19 @@ func TestCheckerSeesEveryBlock(t *testing.T) {
 	}
 }
 
-// A passthrough pool tells the checker nothing: the driver does.
-func TestCheckerNotUsedByPassthrough(t *testing.T) {
-	chk := withChecker(t)
-	p := openPool(t, onSim(sim.New(sim.Config{Capacity: giB})), Options{Backend: BackendPassthrough})
-	ptr, err := p.Alloc(1000)
-	require.NoError(t, err)
-	require.NoError(t, p.Free(ptr))
-	require.Nil(t, p.dbg)
-	require.Empty(t, chk.calls)
+// A passthrough pool tells the checker nothing: the driver does. Nor
+// does a VMM pool: the tool refuses its heap (nvtx.go).
+func TestCheckerNotUsedByPassthroughOrVMM(t *testing.T) {
+	for _, be := range []Backend{BackendPassthrough, BackendVMM} {
+		t.Run(be.String(), func(t *testing.T) {
+			chk := withChecker(t)
+			p := openPool(t, onSim(sim.New(sim.Config{Capacity: giB})), Options{Backend: be})
+			ptr, err := p.Alloc(1000)
+			require.NoError(t, err)
+			require.NoError(t, p.Free(ptr))
+			require.Nil(t, p.dbg)
+			require.Equal(t, be, p.Backend())
+			require.Empty(t, chk.calls)
+		})
+	}
 }

@@ -18,7 +18,9 @@ package main
 // Run under compute-sanitizer (which sets NVTX_INJECTION64_PATH, so the
 // pool registers its heaps and blocks through device/nvtx), past-end and
 // after-free must each be reported and inside must not; with
-// --leak-check full, leak must be. "all" runs inside, past-end and
+// --leak-check full, leak must be. That holds for the chunks backend (the
+// default here); the tool refuses a VMM pool's heap, so a tlsf-vmm pool
+// makes no NVTX calls and nothing is reported (pool/nvtx.go). "all" runs inside, past-end and
 // after-free in turn in one process: give compute-sanitizer
 // --destroy-on-device-error kernel, or a reported store ends the context.
 // Without a checker only guard detects anything; the other cases run,
@@ -112,6 +114,8 @@ func runSanitize(cmd *cobra.Command, g *globalFlags, o *sanitizeOpts) error {
 		return fmt.Errorf("%s cannot run a store kernel (device.ByteStorer)", ds.name())
 	}
 	switch c := nvtx.Default(); {
+	case c != nil && be == pool.BackendVMM:
+		fmt.Fprintln(out, "sanitize: NVTX memory API attached, but a VMM pool makes no NVTX calls (the tool refuses its heap): use tlsf-chunks")
 	case c != nil:
 		fmt.Fprintln(out, "sanitize: NVTX memory API attached: heaps and blocks are shown to the tool")
 	case nvtx.DefaultError() != nil:

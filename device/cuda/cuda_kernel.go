@@ -170,3 +170,29 @@ func (d *Device) loadStoreKernel(e *extSyms) (uintptr, error) {
 	}
 	return fn, nil
 }
+
+// InContext runs f on the calling goroutine's OS thread with the device's
+// context current (cuCtxPushCurrent_v2, then cuCtxPopCurrent_v2 after f),
+// for C code that acts on the current context: compute-sanitizer's NVTX
+// memory calls refuse a heap ("the object is not ready") when no context
+// is current. f must not call the device's Close. Errors: those of
+// calls after Close, the *Error of the push or pop.
+func (d *Device) InContext(f func()) error {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		return errCUDAClosed
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	drv := d.drv
+	if r := drv.cuCtxPushCurrent.call(d.ctx); r != cudaSuccess {
+		return drv.error(&drv.cuCtxPushCurrent, r)
+	}
+	f()
+	var popped uintptr
+	if r := drv.cuCtxPopCurrent.call(uintptr(unsafe.Pointer(&popped))); r != cudaSuccess {
+		return drv.error(&drv.cuCtxPopCurrent, r)
+	}
+	return nil
+}

@@ -22,8 +22,13 @@
 //  3. create a domain through the core-2 slot nvtxDomainCreateA;
 //  4. call InitializeInjectionNvtxExtension with the memory extension's
 //     module info (module 1, compatibility 0x0102) and one segment of
-//     function slots indexed by callback ID (nvtxMemHeapRegister is 1,
-//     nvtxMemRegionsUnregister 6; 17 slots), which the tool fills;
+//     function slots (segment ID 1, 63 slots) indexed by function ID as
+//     the CUDA 13 toolkit's nvToolsExtMem.h numbers them, from 0
+//     (nvtxMemHeapRegister 0, nvtxMemRegionsUnregister 5), which the
+//     tool fills. Older NVTX releases on GitHub declare segment 0 with
+//     17 slots and number from 1: compute-sanitizer 2025.3.1 fills no
+//     slot of such a segment (checked on an H200; SegmentEnv overrides
+//     the segment for trying other tools);
 //  5. call those slots: heap register and unregister, regions register
 //     and unregister (layout.go has the structures).
 //

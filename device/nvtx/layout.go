@@ -18,14 +18,23 @@ const (
 	memTypeVirtualAddress    = 1 // NVTX_MEM_TYPE_VIRTUAL_ADDRESS
 	memRegionRefTypePointer  = 1 // NVTX_MEM_REGION_REF_TYPE_POINTER
 
-	// Memory extension callback IDs (NvtxExtMemCallbackId): the index of
-	// each function's slot in the segment.
-	cbidMemHeapRegister       = 1
-	cbidMemHeapUnregister     = 2
-	cbidMemHeapReset          = 3
-	cbidMemRegionsRegister    = 4
-	cbidMemRegionsUnregister  = 6
-	cbidMemFnNum              = 17 // NVTX3EXT_CBID_MEM_FN_NUM: slots in the segment
+	// The memory extension's function slots, as the CUDA 13 toolkit's
+	// nvToolsExtMem.h numbers them (NVTX3EXT_CBID_*, 0-based: the
+	// loader's slot array holds the module state at [0] and function ID
+	// i at [i+1], i.e. the segment's functionSlots[i]), and the segment
+	// it declares (nvtxDetail/nvtxExtImplMem_v1.h: segment ID 1,
+	// NVTX_EXT_MEM_SLOT_COUNT = 63). compute-sanitizer 2025.3.1 fills 17
+	// slots, 0 to 16, of a segment with ID 1 and none of a segment with
+	// ID 0, the layout of older NVTX releases on GitHub (1-based IDs,
+	// segment 0, 17 slots).
+	cbidMemHeapRegister      = 0
+	cbidMemHeapUnregister    = 1
+	cbidMemHeapReset         = 2
+	cbidMemRegionsRegister   = 3
+	cbidMemRegionsUnregister = 5
+	memSegmentID             = 1
+	memSlotCount             = 63
+
 	cbidCore2DomainCreateA    = 12 // NVTX_CBID_CORE2_DomainCreateA
 	memHeapHandleNoTool       = ^uintptr(0)
 	maxSlotsPerSegmentAllowed = 64 // slots mapped for the segment: room for newer headers' 63

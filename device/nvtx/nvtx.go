@@ -22,8 +22,8 @@ const InjectionEnv = "NVTX_INJECTION64_PATH"
 const DebugEnv = "TLSF_NVTX_DEBUG"
 
 // SegmentEnv overrides the memory extension's segment as "id:slots"
-// (default "0:17", the current headers' layout; "1:63" is another
-// release's): for trying a tool that expects another layout.
+// (default "1:63", the CUDA 13 toolkit's layout; "0:17" is older NVTX
+// releases'): for trying a tool that expects another layout.
 const SegmentEnv = "TLSF_NVTX_SEGMENT"
 
 // Errors from Open.
@@ -114,7 +114,7 @@ func Open(path string) (*Client, error) {
 		r, _, _ := purego.SyscallN(create, name)
 		c.domain = r
 	}
-	segID, slots := uint64(0), uint64(cbidMemFnNum)
+	segID, slots := uint64(memSegmentID), uint64(memSlotCount)
 	if v := os.Getenv(SegmentEnv); v != "" {
 		if id, n, ok := parseSegment(v); ok {
 			segID, slots = id, n
