@@ -3,6 +3,7 @@ package pool
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
@@ -190,6 +191,61 @@ func TestGuardOnStreams(t *testing.T) {
 			require.NoError(t, p.FreeOn(ptr, ss[0]))
 			require.NoError(t, p.ForgetStream(ss[0]))
 			checkStep(t, p, d)
+		})
+	}
+}
+
+// Goroutines allocating and freeing at once in guard mode with a checker
+// attached: every red zone intact, every region gone at the end, and the
+// statistics those of no guard (run it with -race).
+func TestGuardConcurrent(t *testing.T) {
+	for _, cm := range cacheModes {
+		t.Run(cm.name, func(t *testing.T) {
+			chk := withChecker(t)
+			sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+			d := onSim(sd)
+			p := openPool(t, d, Options{Backend: BackendChunks, Guard: 16, Cache: CacheOptions{Disable: cm.off}})
+			var wg sync.WaitGroup
+			errs := make(chan error, 8)
+			for g := 0; g < 8; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var mine []uintptr
+					for i := 0; i < 200; i++ {
+						ptr, err := p.Alloc(uint64(100 + 37*((g*200+i)%50)))
+						if err != nil {
+							errs <- err
+							return
+						}
+						mine = append(mine, ptr)
+						if len(mine) > 5 {
+							if err := p.Free(mine[0]); err != nil {
+								errs <- err
+								return
+							}
+							mine = mine[1:]
+						}
+					}
+					for _, ptr := range mine {
+						if err := p.Free(ptr); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+			checkStep(t, p, d)
+			s := p.Stats()
+			require.Zero(t, s.Allocated)
+			require.Zero(t, s.Allocations)
+			_, regions := chk.live()
+			require.Zero(t, regions)
 		})
 	}
 }
