@@ -1,7 +1,9 @@
 package cuda
 
 import (
+	"runtime"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
@@ -25,4 +27,21 @@ func TestCUDAByteFillAndStoreKernel(t *testing.T) {
 	require.NoError(t, d.MemcpyDtoH(last, ptr+4095))
 	require.Equal(t, byte(0x43), last[0])
 	require.NoError(t, d.MemsetD8Async(ptr, 1, 0, 0), "n = 0 makes no call")
+}
+
+// InContext runs its function with the device's context current, and
+// leaves the thread's context stack as it found it.
+func TestCUDAInContext(t *testing.T) {
+	d := openCUDA(t)
+	get := rawSym(t, d, "cuCtxGetCurrent")
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var before, inside, after uintptr
+	require.Zero(t, get.call(uintptr(unsafe.Pointer(&before))))
+	require.NoError(t, d.InContext(func() {
+		require.Zero(t, get.call(uintptr(unsafe.Pointer(&inside))))
+	}))
+	require.Zero(t, get.call(uintptr(unsafe.Pointer(&after))))
+	require.Equal(t, d.Context(), inside)
+	require.Equal(t, before, after)
 }
