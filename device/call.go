@@ -41,6 +41,8 @@ const (
 	CallMemPoolTrimTo
 	CallMemPoolGetAttribute
 	CallMemPoolSetAttribute
+	// Byte fills (ByteSetter, memset.go).
+	CallMemsetD8Async
 	NumCalls // the number of Call kinds; not a call
 )
 
@@ -73,6 +75,7 @@ var callNames = [NumCalls]string{
 	CallMemPoolTrimTo:       "cuMemPoolTrimTo",
 	CallMemPoolGetAttribute: "cuMemPoolGetAttribute",
 	CallMemPoolSetAttribute: "cuMemPoolSetAttribute",
+	CallMemsetD8Async:       "cuMemsetD8Async",
 }
 
 // String returns the driver entry point's name, e.g. "cuMemAlloc".

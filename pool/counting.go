@@ -13,6 +13,9 @@ import (
 type counted struct {
 	device.Device
 	n [device.NumCalls]atomic.Uint64
+	// heaps, when a memory checker watches the pool (nvtx.go), hears of
+	// every piece of device memory the heap takes and returns.
+	heaps *memWatch
 }
 
 func (c *counted) counts() device.Counts {
@@ -30,12 +33,26 @@ func (c *counted) MemGetInfo() (uint64, uint64, error) {
 
 func (c *counted) MemAlloc(size uint64) (uintptr, error) {
 	c.n[device.CallMemAlloc].Add(1)
-	return c.Device.MemAlloc(size)
+	ptr, err := c.Device.MemAlloc(size)
+	if err == nil && c.heaps != nil {
+		c.heaps.mapped(ptr, size)
+	}
+	return ptr, err
 }
 
 func (c *counted) MemFree(ptr uintptr) error {
 	c.n[device.CallMemFree].Add(1)
-	return c.Device.MemFree(ptr)
+	if c.heaps == nil {
+		return c.Device.MemFree(ptr)
+	}
+	// The checker forgets the heap before the driver frees its memory
+	// (afterwards it refuses the unregistration).
+	size := c.heaps.unmapped(ptr)
+	err := c.Device.MemFree(ptr)
+	if err != nil && size > 0 {
+		c.heaps.mapped(ptr, size) // still ours
+	}
+	return err
 }
 
 func (c *counted) MemAllocPitch(w, h uint64, elem uint32) (uintptr, uint64, error) {
@@ -45,12 +62,24 @@ func (c *counted) MemAllocPitch(w, h uint64, elem uint32) (uintptr, uint64, erro
 
 func (c *counted) AddressReserve(size, align uint64) (uintptr, error) {
 	c.n[device.CallAddressReserve].Add(1)
-	return c.Device.AddressReserve(size, align)
+	ptr, err := c.Device.AddressReserve(size, align)
+	if err == nil && c.heaps != nil {
+		c.heaps.mapped(ptr, size)
+	}
+	return ptr, err
 }
 
 func (c *counted) AddressFree(ptr uintptr, size uint64) error {
 	c.n[device.CallAddressFree].Add(1)
-	return c.Device.AddressFree(ptr, size)
+	if c.heaps == nil {
+		return c.Device.AddressFree(ptr, size)
+	}
+	had := c.heaps.unmapped(ptr)
+	err := c.Device.AddressFree(ptr, size)
+	if err != nil && had > 0 {
+		c.heaps.mapped(ptr, had)
+	}
+	return err
 }
 
 func (c *counted) MemCreate(size uint64) (device.MemHandle, error) {

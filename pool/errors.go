@@ -37,4 +37,9 @@ var (
 	ErrClosed = errors.New("pool: closed")
 	// ErrBadOptions: an Options field out of range.
 	ErrBadOptions = errors.New("pool: bad options")
+	// ErrCorrupted: guard mode (Options.Guard) found a red zone changed:
+	// something wrote past the end of a block. The message names the
+	// block's address and size and the first changed byte. The block is
+	// not freed; its red zone is filled again, so a second Free frees it.
+	ErrCorrupted = errors.New("pool: memory corrupted")
 )

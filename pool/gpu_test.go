@@ -43,3 +43,32 @@ func TestGPUNewCUDAOwnsItsDevice(t *testing.T) {
 func openGPU(t *testing.T) *cuda.Device {
 	return devicetest.OpenGPU(t, func() (*cuda.Device, error) { return cuda.Open(0) })
 }
+
+// Guard mode on the GPU: a kernel's store one byte past the end of a
+// block is caught by the free and by Check, on both pooled backends.
+func TestGPUGuardCatchesOverrun(t *testing.T) {
+	dev := openGPU(t)
+	backends := []Backend{BackendChunks, BackendPassthrough}
+	if dev.VMMSupported() {
+		backends = append(backends, BackendVMM)
+	}
+	for _, be := range backends {
+		t.Run(be.String(), func(t *testing.T) {
+			p, err := New(dev, Options{Backend: be, Guard: 64})
+			require.NoError(t, err)
+			defer func() { require.NoError(t, p.Close()) }()
+			ptr, err := p.Alloc(1000)
+			require.NoError(t, err)
+			require.NoError(t, p.Check())
+			require.NoError(t, dev.StoreByte(ptr+999, 1, 0)) // inside
+			require.NoError(t, p.Check())
+			require.NoError(t, dev.StoreByte(ptr+1000, 1, 0)) // one past the end
+			require.ErrorIs(t, p.Check(), ErrCorrupted)
+			err = p.Free(ptr)
+			require.ErrorIs(t, err, ErrCorrupted)
+			t.Log(err)
+			require.NoError(t, p.Free(ptr))
+			require.NoError(t, p.Check())
+		})
+	}
+}

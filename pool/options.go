@@ -118,6 +118,16 @@ type Options struct {
 
 	// Cache configures the per-P small-block caches (see Cache).
 	Cache CacheOptions
+
+	// Guard, when above 0, puts a red zone of Guard bytes after every
+	// block from Alloc and AllocOn, filled with a pattern on allocation
+	// and verified on free and by Check; an overrun is reported as
+	// ErrCorrupted (guard.go). At most MaxGuard bytes; needs a device with
+	// byte fills (device.ByteSetter: cuda and sim). Statistics exclude
+	// red zones (AllocatedPeak is then the exact peak of live blocks,
+	// blocks held by caches not counted). The TLSF_ALLOC_CONF key "guard"
+	// sets it. Default 0: off, at no cost.
+	Guard uint64
 }
 
 // CacheOptions configure the per-P caches that serve small blocks without
@@ -185,6 +195,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.VirtualSize > tlsf.MaxSize {
 		return o, fmt.Errorf("%w: VirtualSize %d above %d", ErrBadOptions, o.VirtualSize, uint64(tlsf.MaxSize))
+	}
+	if o.Guard > MaxGuard {
+		return o, fmt.Errorf("%w: Guard %d above %d bytes", ErrBadOptions, o.Guard, MaxGuard)
 	}
 	if o.Cache.MaxSize == 0 {
 		o.Cache.MaxSize = defaultCacheMaxSize

@@ -55,6 +55,8 @@ type Pool struct {
 	lockedFree int // frees under the lock since the last policy check
 
 	cache *cacheSet // nil when caches are off
+
+	dbg *debugLayer // guard mode and memory-checker hooks; nil when off (debug.go)
 }
 
 // counters are the pool's statistics kept under its lock.
@@ -89,6 +91,9 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 	}
 	p := &Pool{dev: &counted{Device: dev}, opts: o, backend: o.Backend}
 	p.ss = newStreamSet(p.dev)
+	if err := p.initDebug(); err != nil {
+		return nil, err
+	}
 	free, total, err := p.dev.MemGetInfo()
 	if err != nil {
 		return nil, err
@@ -180,6 +185,9 @@ func (p *Pool) Alloc(size uint64) (uintptr, error) { return p.AllocOn(size, 0) }
 // VMM pool's virtual range), ErrOutOfMemory, ErrClosed; device errors
 // other than out-of-memory are returned wrapped.
 func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
+	if p.dbg != nil {
+		return p.dbg.alloc(size, s)
+	}
 	c := p.cache
 	cached := c != nil && c.serves(size, uintptr(s))
 	if cached {
@@ -540,6 +548,9 @@ func (p *Pool) AllocPitch(widthBytes, height uint64) (uintptr, uint64, error) {
 		return 0, 0, fmt.Errorf("%w: pitch %d × height %d bytes", ErrTooLarge, pitch, height)
 	}
 	ptr, err := p.allocLocked(pitch*height, unit, 0)
+	if p.dbg != nil && err == nil {
+		p.dbg.notePitch(ptr, pitch*height)
+	}
 	return ptr, pitch, err
 }
 
@@ -593,6 +604,9 @@ func (p *Pool) Free(ptr uintptr) error { return p.FreeOn(ptr, 0) }
 // Errors: ErrDoubleFree, ErrUnknownPointer (foreign, or inside an
 // allocation), ErrClosed; device errors from recording the free's event.
 func (p *Pool) FreeOn(ptr uintptr, s device.Stream) error {
+	if p.dbg != nil {
+		return p.dbg.free(ptr, s)
+	}
 	if c := p.cache; c != nil && s == 0 && ptr%indexGranularity == 0 && c.free(ptr) {
 		return nil
 	}
@@ -863,6 +877,9 @@ func (p *Pool) Close() error {
 		return ErrClosed
 	}
 	var errs []error
+	if p.dbg != nil {
+		p.dbg.forget()
+	}
 	if p.cache != nil {
 		// Blocks that cannot go back to the index go with the heap.
 		errs = append(errs, p.cache.drainLocked(false))

@@ -71,7 +71,11 @@ type Stats struct {
 func (p *Pool) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.statsLocked()
+	s := p.statsLocked()
+	if p.dbg != nil {
+		p.dbg.adjustStats(&s)
+	}
+	return s
 }
 
 func (p *Pool) statsLocked() Stats {
@@ -117,6 +121,11 @@ func (p *Pool) Check() error {
 	defer p.mu.Unlock()
 	if p.closed {
 		return ErrClosed
+	}
+	if p.dbg != nil {
+		if err := p.dbg.guardCheck(); err != nil {
+			return err
+		}
 	}
 	if p.pt != nil {
 		var sum, rounded uint64

@@ -10,6 +10,7 @@
 //	tlsf-stress run [flags]
 //	tlsf-stress multi --procs K [flags]
 //	tlsf-stress export [--out DIR] TRACE...
+//	tlsf-stress sanitize [--backend B] [--case C,...]  planted bugs for compute-sanitizer (sanitize.go)
 //
 // Every subcommand takes --device cuda|sim (default: cuda where a CUDA
 // driver and GPU 0 are found, else sim) and --sim-capacity BYTES (the

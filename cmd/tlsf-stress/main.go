@@ -95,7 +95,7 @@ otherwise, and prints the summary.`,
 		}
 		return usagef("--device %q: want cuda or sim", g.device)
 	}
-	root.AddCommand(newReplayCmd(g), newRunCmd(g), newMultiCmd(g), newMultiChildCmd(g), newExportCmd())
+	root.AddCommand(newReplayCmd(g), newRunCmd(g), newMultiCmd(g), newMultiChildCmd(g), newExportCmd(), newSanitizeCmd(g))
 	root.CompletionOptions.DisableDefaultCmd = true
 	return root
 }

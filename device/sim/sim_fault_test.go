@@ -85,6 +85,7 @@ func TestSimInjectedFailuresChangeNothing(t *testing.T) {
 		device.CallMemPoolTrimTo:       func() error { return s.MemPoolTrimTo(0) },
 		device.CallMemPoolGetAttribute: func() error { _, err := s.MemPoolGetAttribute(device.MemPoolReservedMemCurrent); return err },
 		device.CallMemPoolSetAttribute: func() error { return s.MemPoolSetAttribute(device.MemPoolReleaseThreshold, 1) },
+		device.CallMemsetD8Async:       func() error { return s.MemsetD8Async(va+1, 1, 3, 0) },
 	}
 	require.Len(t, calls, int(device.NumCalls))
 	for c := range device.NumCalls {

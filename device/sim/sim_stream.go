@@ -102,6 +102,7 @@ type simItem struct {
 	ptr   uintptr // simItemMemset: the call's arguments
 	value uint32
 	words uint64
+	d8    bool      // simItemMemset: cuMemsetD8Async; value is the byte, words the bytes
 	spans []simSpan // simItemMemset: the physical bytes it writes
 
 	rec *simRecord // simItemRecord: the record it completes; simItemWait: the one it waits for
@@ -110,6 +111,9 @@ type simItem struct {
 func (it *simItem) ready() bool { return it.kind != simItemWait || it.rec.done }
 
 func (it *simItem) String() string {
+	if it.d8 {
+		return fmt.Sprintf("cuMemsetD8Async(%#x, %#02x, %d bytes) on stream %#x", it.ptr, it.value, it.words, uintptr(it.st.h))
+	}
 	return fmt.Sprintf("cuMemsetD32Async(%#x, %#08x, %d words) on stream %#x", it.ptr, it.value, it.words, uintptr(it.st.h))
 }
 
@@ -169,7 +173,11 @@ func (s *Device) execute(it *simItem) {
 				s.violate("race: %s ran while %s, %s and not ordered after it, will write the same memory", it, q, q.st.state())
 			}
 		})
-		s.write(it.spans, it.value)
+		if it.d8 {
+			s.writeBytes(it.spans, byte(it.value))
+		} else {
+			s.write(it.spans, it.value)
+		}
 	case simItemRecord:
 		it.rec.done = true
 	}

@@ -1,0 +1,240 @@
+package pool
+
+// The debug layer: guard mode (guard.go) and the memory checker's hooks
+// (nvtx.go), around the pool's own Alloc and Free.
+//
+// It exists only when Options.Guard is set or a memory checker is
+// attached (compute-sanitizer sets NVTX_INJECTION64_PATH); otherwise
+// Pool.dbg is nil, and AllocOn and FreeOn each pay one nil test, a branch
+// that always goes the same way and that the CPU predicts. Each hook has
+// one call site: the first line of AllocOn, of FreeOn, and one each in
+// AllocPitch, Stats, Check and Close.
+//
+// The layer calls the same fast path the public methods run
+// (allocUnchecked and freeUnchecked repeat AllocOn's and FreeOn's bodies:
+// keep them alike), so blocks come from the per-P caches and the index as
+// they would without it, and cache hits pass through it too.
+//
+// Locking: the layer's mutex guards its table of live blocks. The pool's
+// lock may be held when it is taken (AllocPitch, Stats, Check, Close), never
+// the other way round: alloc and free take it only before or after the
+// pool's own calls, not around them.
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/gpumem/tlsf/device"
+)
+
+// debugLayer is the pool's guard mode and memory-checker hooks.
+type debugLayer struct {
+	p     *Pool
+	guard uint64            // red-zone bytes; 0: no guard
+	fill  device.ByteSetter // the device, for red-zone fills; nil without guard
+	watch *memWatch         // nil without a memory checker
+
+	mu   sync.Mutex
+	live map[uintptr]debugBlock // by pointer: blocks handed out through the layer
+	// extra is the bytes the pool's counters hold for red zones of live
+	// blocks: size class of size+guard minus size class of size, summed.
+	extra uint64
+	// user is the bytes of live blocks at the size class of their request
+	// (pitch × height for pitch allocations); userPeak its peak.
+	user, userPeak uint64
+}
+
+// debugBlock is one live block the layer knows.
+type debugBlock struct {
+	size   uint64 // the request, bytes (pitch × height for a pitch allocation)
+	extra  uint64 // its share of debugLayer.extra
+	user   uint64 // its share of debugLayer.user
+	stream device.Stream
+	pitch  bool // from AllocPitch: no red zone
+}
+
+// initDebug makes the debug layer if guard mode is on or a memory checker
+// watches the process, before the heap takes any memory. Errors:
+// ErrBadOptions (Guard on a device without byte fills).
+func (p *Pool) initDebug() error {
+	d := &debugLayer{p: p, guard: p.opts.Guard, live: map[uintptr]debugBlock{}}
+	if d.guard > 0 {
+		bs, ok := p.dev.Device.(device.ByteSetter)
+		if !ok {
+			return fmt.Errorf("%w: Guard needs a device with byte fills (device.ByteSetter); %s has none", ErrBadOptions, p.dev.Name())
+		}
+		d.fill = bs
+	}
+	// The driver shows each allocation of a passthrough pool to the
+	// checker itself.
+	if p.opts.Backend != BackendPassthrough && p.opts.Backend != BackendVMM {
+		d.watch = openWatch(p.dev.Device)
+		p.dev.heaps = d.watch
+		if d.watch != nil && p.backend == BackendAuto {
+			p.backend = BackendChunks // the checker refuses VMM heaps (nvtx.go)
+		}
+	}
+	if d.guard > 0 || d.watch != nil {
+		p.dbg = d
+	}
+	return nil
+}
+
+// allocUnchecked is AllocOn's body without the debug layer.
+func (p *Pool) allocUnchecked(size uint64, s device.Stream) (uintptr, error) {
+	c := p.cache
+	cached := c != nil && c.serves(size, uintptr(s))
+	if cached {
+		if ptr, ok := c.alloc(size); ok {
+			return ptr, nil
+		}
+	}
+	return p.lockedAlloc(size, s, cached)
+}
+
+// freeUnchecked is FreeOn's body without the debug layer.
+func (p *Pool) freeUnchecked(ptr uintptr, s device.Stream) error {
+	if c := p.cache; c != nil && s == 0 && ptr%indexGranularity == 0 && c.free(ptr) {
+		return nil
+	}
+	return p.freeSlow(ptr, s)
+}
+
+// alloc is AllocOn through the layer: size+guard bytes from the pool, the
+// red zone filled, the block shown to the checker.
+func (d *debugLayer) alloc(size uint64, s device.Stream) (uintptr, error) {
+	p := d.p
+	// Checked here: padding would hide a zero size, and wrap a huge one.
+	if size == 0 {
+		return 0, ErrInvalidSize
+	}
+	if size > math.MaxUint64-d.guard {
+		return 0, fmt.Errorf("%w: %d bytes", ErrTooLarge, size)
+	}
+	ptr, err := p.allocUnchecked(size+d.guard, s)
+	if err != nil {
+		return 0, err
+	}
+	if d.guard > 0 {
+		if err := d.guardFill(ptr, size, s); err != nil {
+			_ = p.freeUnchecked(ptr, s)
+			return 0, err
+		}
+	}
+	if d.watch != nil {
+		d.watch.region(ptr, size)
+	}
+	b := debugBlock{size: size, stream: s}
+	b.user = p.sizeClass(size)
+	if d.guard > 0 {
+		b.extra = p.sizeClass(size+d.guard) - b.user
+	}
+	d.add(ptr, b)
+	return ptr, nil
+}
+
+// sizeClass is the block size the pool gives a request of size bytes.
+func (p *Pool) sizeClass(size uint64) uint64 {
+	if _, r := p.x.SizeClass(size); r >= size {
+		return r
+	}
+	return size
+}
+
+// notePitch records a pitch allocation of size bytes (pitch × height) at
+// ptr. Pool lock held.
+func (d *debugLayer) notePitch(ptr uintptr, size uint64) {
+	if d.watch != nil {
+		d.watch.region(ptr, size)
+	}
+	d.add(ptr, debugBlock{size: size, user: size, pitch: true})
+}
+
+func (d *debugLayer) add(ptr uintptr, b debugBlock) {
+	d.mu.Lock()
+	d.live[ptr] = b
+	d.extra += b.extra
+	d.user += b.user
+	d.userPeak = max(d.userPeak, d.user)
+	d.mu.Unlock()
+}
+
+// free is FreeOn through the layer: the red zone verified, the block
+// hidden from the checker, then freed by the pool. On any error the block
+// is still the caller's, as it was.
+func (d *debugLayer) free(ptr uintptr, s device.Stream) error {
+	p := d.p
+	d.mu.Lock()
+	b, ok := d.live[ptr]
+	delete(d.live, ptr) // no second free of ptr gets past here meanwhile
+	d.mu.Unlock()
+	if !ok {
+		return p.freeUnchecked(ptr, s) // not ours: the pool says why
+	}
+	restore := func() {
+		d.mu.Lock()
+		d.live[ptr] = b
+		d.mu.Unlock()
+	}
+	if d.guard > 0 && !b.pitch {
+		if s != 0 {
+			if err := p.dev.StreamSynchronize(s); err != nil {
+				restore()
+				return fmt.Errorf("pool: synchronizing stream %#x before a red-zone check: %w", uintptr(s), err)
+			}
+		}
+		if err := d.guardVerify(ptr, b); err != nil {
+			// Reported once: the zone is filled again, so that freeing
+			// the block again succeeds unless it is overrun again.
+			_ = d.guardFill(ptr, b.size, s)
+			restore()
+			return err
+		}
+	}
+	if d.watch != nil {
+		d.watch.unregion(ptr)
+	}
+	if err := p.freeUnchecked(ptr, s); err != nil {
+		if d.watch != nil {
+			d.watch.region(ptr, b.size)
+		}
+		restore()
+		return err
+	}
+	d.mu.Lock()
+	d.extra -= b.extra
+	d.user -= b.user
+	d.mu.Unlock()
+	return nil
+}
+
+// adjustStats takes red zones out of a snapshot: Allocated and Active
+// drop by the red-zone bytes of live blocks; AllocatedPeak is the
+// layer's own peak of live bytes without red zones, and ActivePeak drops
+// by as much as AllocatedPeak did. Pool lock held.
+func (d *debugLayer) adjustStats(s *Stats) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.guard == 0 {
+		return
+	}
+	// A free in flight may have left the pool's counters already and the
+	// layer's not yet: never go below zero.
+	s.Allocated -= min(d.extra, s.Allocated)
+	s.Active -= min(d.extra, s.Active)
+	if d.userPeak < s.AllocatedPeak {
+		drop := s.AllocatedPeak - max(d.userPeak, s.Allocated)
+		s.AllocatedPeak -= drop
+		s.ActivePeak = max(s.ActivePeak-min(drop, s.ActivePeak), s.Active)
+	}
+}
+
+// forget drops every block at Close: their memory goes with the heap.
+// Pool lock held.
+func (d *debugLayer) forget() {
+	d.mu.Lock()
+	clear(d.live)
+	d.extra, d.user = 0, 0
+	d.mu.Unlock()
+}

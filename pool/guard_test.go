@@ -1,0 +1,251 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
+	"github.com/stretchr/testify/require"
+)
+
+// guardConfigs: guard mode on every backend, caches on and off.
+func guardConfigs(guard uint64) []Options {
+	var out []Options
+	for _, be := range allBackends {
+		for _, off := range []bool{false, true} {
+			out = append(out, Options{Backend: be, Guard: guard, Cache: CacheOptions{Disable: off}})
+		}
+	}
+	return out
+}
+
+func guardName(o Options) string { return configName(o.Backend, o.Cache.Disable) }
+
+// storeByte writes one byte as a kernel would.
+func storeByte(t *testing.T, sd *sim.Device, at uintptr, v byte) {
+	t.Helper()
+	require.NoError(t, sd.StoreByte(at, v, 0))
+}
+
+func TestGuardCatchesOneByteOverrunOnFree(t *testing.T) {
+	for _, o := range guardConfigs(64) {
+		t.Run(guardName(o), func(t *testing.T) {
+			sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+			d := onSim(sd)
+			p := openPool(t, d, o)
+			const size = 1000 // not a multiple of 4 or 256: the zone starts mid-word
+			ptr, err := p.Alloc(size)
+			require.NoError(t, err)
+			checkStep(t, p, d)
+			storeByte(t, sd, ptr+size-1, 0x11) // the last byte of the block: fine
+			require.NoError(t, p.Check())
+
+			storeByte(t, sd, ptr+size, 0x22) // one byte past the end
+			before := p.Stats()
+			err = p.Free(ptr)
+			require.ErrorIs(t, err, ErrCorrupted)
+			msg := err.Error()
+			require.Contains(t, msg, fmt.Sprintf("block %#x of %d bytes", ptr, size))
+			require.Contains(t, msg, fmt.Sprintf("byte %#x (0 past the end) is 0x22", ptr+size))
+			require.Equal(t, before, p.Stats(), "a failed free changes no statistic")
+			checkStep(t, p, d) // the zone was filled again: Check passes
+
+			// Reported once: the block frees now.
+			require.NoError(t, p.Free(ptr))
+			checkStep(t, p, d)
+			require.Zero(t, p.Stats().Allocated)
+		})
+	}
+}
+
+func TestGuardCheckReportsOverrun(t *testing.T) {
+	for _, o := range guardConfigs(16) {
+		t.Run(guardName(o), func(t *testing.T) {
+			sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+			d := onSim(sd)
+			p := openPool(t, d, o)
+			var ptrs []uintptr
+			for _, n := range []uint64{1, 256, 4097, 3 * miB} {
+				ptr, err := p.Alloc(n)
+				require.NoError(t, err)
+				ptrs = append(ptrs, ptr)
+			}
+			checkStep(t, p, d)
+			// The last byte of the red zone of the 4097-byte block.
+			storeByte(t, sd, ptrs[2]+4097+15, 0x00)
+			err := p.Check()
+			require.ErrorIs(t, err, ErrCorrupted)
+			require.Contains(t, err.Error(), fmt.Sprintf("block %#x of 4097 bytes", ptrs[2]))
+			require.Contains(t, err.Error(), "(15 past the end) is 0x00")
+			// A write beyond the red zone is not seen.
+			require.ErrorIs(t, p.Free(ptrs[2]), ErrCorrupted)
+			require.NoError(t, p.Free(ptrs[2]))
+			for _, ptr := range []uintptr{ptrs[0], ptrs[1], ptrs[3]} {
+				require.NoError(t, p.Free(ptr))
+			}
+			checkStep(t, p, d)
+		})
+	}
+}
+
+// Statistics in guard mode are those of the same requests without it.
+func TestGuardStatisticsExcludeRedZones(t *testing.T) {
+	sizes := []uint64{1, 255, 256, 1000, 64 * kiB, 2*miB - 1, 5 * miB}
+	for _, o := range guardConfigs(256) {
+		t.Run(guardName(o), func(t *testing.T) {
+			plain := o
+			plain.Guard = 0
+			run := func(o Options) []Stats {
+				sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+				d := onSim(sd)
+				p := openPool(t, d, o)
+				var out []Stats
+				var ptrs []uintptr
+				for _, n := range sizes {
+					ptr, err := p.Alloc(n)
+					require.NoError(t, err)
+					ptrs = append(ptrs, ptr)
+					out = append(out, liveState(p.Stats()))
+				}
+				for _, ptr := range ptrs[:3] {
+					require.NoError(t, p.Free(ptr))
+					out = append(out, liveState(p.Stats()))
+				}
+				checkStep(t, p, d)
+				return out
+			}
+			got, want := run(o), run(plain)
+			for i := range want {
+				require.Equal(t, want[i].Allocated, got[i].Allocated, "step %d: Allocated", i)
+				require.Equal(t, want[i].Allocations, got[i].Allocations, "step %d: Allocations", i)
+				require.Equal(t, want[i].Active, got[i].Active, "step %d: Active", i)
+				// With caches on, a peak without guard counts the blocks
+				// caches hold (an upper bound); with guard it is the exact
+				// peak of live blocks, so it lies between.
+				if o.Cache.Disable {
+					require.Equal(t, want[i].AllocatedPeak, got[i].AllocatedPeak, "step %d: AllocatedPeak", i)
+				} else {
+					require.LessOrEqual(t, got[i].AllocatedPeak, want[i].AllocatedPeak, "step %d: AllocatedPeak", i)
+					require.GreaterOrEqual(t, got[i].AllocatedPeak, got[i].Allocated, "step %d: AllocatedPeak", i)
+				}
+			}
+		})
+	}
+}
+
+// Bad input in guard mode gets the pool's own errors, and changes nothing.
+func TestGuardBadInput(t *testing.T) {
+	for _, o := range guardConfigs(8) {
+		t.Run(guardName(o), func(t *testing.T) {
+			sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+			d := onSim(sd)
+			p := openPool(t, d, o)
+			ptr, err := p.Alloc(100)
+			require.NoError(t, err)
+			before := p.Stats()
+			_, err = p.Alloc(0)
+			require.ErrorIs(t, err, ErrInvalidSize)
+			_, err = p.Alloc(^uint64(0) - 3)
+			require.ErrorIs(t, err, ErrTooLarge)
+			require.True(t, errors.Is(p.Free(ptr+256), ErrUnknownPointer) || errors.Is(p.Free(ptr+256), ErrDoubleFree))
+			require.Equal(t, withoutCounters(before), withoutCounters(p.Stats()))
+			checkStep(t, p, d)
+			require.NoError(t, p.Free(ptr))
+			require.ErrorIs(t, p.Free(ptr), ErrDoubleFree)
+			checkStep(t, p, d)
+		})
+	}
+}
+
+func TestGuardOptions(t *testing.T) {
+	_, err := New(sim.New(sim.Config{}), Options{Guard: MaxGuard + 1})
+	require.ErrorIs(t, err, ErrBadOptions)
+	_, err = New(noByteFills{sim.New(sim.Config{})}, Options{Guard: 8})
+	require.ErrorIs(t, err, ErrBadOptions)
+	p, err := New(sim.New(sim.Config{}), Options{})
+	require.NoError(t, err)
+	require.Nil(t, p.dbg, "no guard, no checker: no debug layer")
+	require.NoError(t, p.Close())
+}
+
+// noByteFills hides the simulated device's optional interfaces.
+type noByteFills struct{ device.Device }
+
+// Blocks allocated and freed on another stream: the red zone is filled on
+// that stream and verified after it.
+func TestGuardOnStreams(t *testing.T) {
+	for _, be := range pooledBackends {
+		t.Run(be.String(), func(t *testing.T) {
+			sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+			d := onSim(sd)
+			ss := newStreams(t, sd, 1)
+			p := openPool(t, d, Options{Backend: be, Guard: 32})
+			ptr, err := p.AllocOn(300, ss[0])
+			require.NoError(t, err)
+			checkStep(t, p, d)
+			require.NoError(t, sd.StoreByte(ptr+300+31, 1, ss[0]))
+			require.ErrorIs(t, p.FreeOn(ptr, ss[0]), ErrCorrupted)
+			require.NoError(t, p.FreeOn(ptr, ss[0]))
+			require.NoError(t, p.ForgetStream(ss[0]))
+			checkStep(t, p, d)
+		})
+	}
+}
+
+// Goroutines allocating and freeing at once in guard mode with a checker
+// attached: every red zone intact, every region gone at the end, and the
+// statistics those of no guard (run it with -race).
+func TestGuardConcurrent(t *testing.T) {
+	for _, cm := range cacheModes {
+		t.Run(cm.name, func(t *testing.T) {
+			chk := withChecker(t)
+			sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+			d := onSim(sd)
+			p := openPool(t, d, Options{Backend: BackendChunks, Guard: 16, Cache: CacheOptions{Disable: cm.off}})
+			var wg sync.WaitGroup
+			errs := make(chan error, 8)
+			for g := 0; g < 8; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var mine []uintptr
+					for i := 0; i < 200; i++ {
+						ptr, err := p.Alloc(uint64(100 + 37*((g*200+i)%50)))
+						if err != nil {
+							errs <- err
+							return
+						}
+						mine = append(mine, ptr)
+						if len(mine) > 5 {
+							if err := p.Free(mine[0]); err != nil {
+								errs <- err
+								return
+							}
+							mine = mine[1:]
+						}
+					}
+					for _, ptr := range mine {
+						if err := p.Free(ptr); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+			checkStep(t, p, d)
+			s := p.Stats()
+			require.Zero(t, s.Allocated)
+			require.Zero(t, s.Allocations)
+			_, regions := chk.live()
+			require.Zero(t, regions)
+		})
+	}
+}
