@@ -2,6 +2,7 @@ package pool
 
 import (
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 
@@ -118,6 +119,31 @@ type Options struct {
 
 	// Cache configures the per-P small-block caches (see Cache).
 	Cache CacheOptions
+
+	// History keeps the last History allocation events (allocations,
+	// frees, growths, releases, failures) in a ring buffer for History and
+	// Snapshot, as torch.cuda.memory._record_memory_history does (default
+	// 0: off). About 80 bytes an event; while on, every Alloc and Free
+	// takes the history's lock (see history.go). Negative: ErrBadOptions.
+	History int
+	// HistoryStacks records the Go call stack of each allocation with its
+	// event (runtime.Callers, up to 32 frames: about 1 µs and 256 bytes
+	// an allocation). Snapshots give them as frames.
+	HistoryStacks bool
+	// OnOutOfMemory, when set, is called with the request in bytes before
+	// an allocation fails with ErrOutOfMemory, after the pool has flushed
+	// its caches, waited for pending frees and released unused memory.
+	// The pool's lock is not held: the hook may free memory (run the Go
+	// GC and finalizers that free device memory, drop caches of its own)
+	// and may call the pool. The pool then retries once (flush, release,
+	// search, grow) and fails only if that fails too. It may be called
+	// from several goroutines at once.
+	OnOutOfMemory func(request uint64)
+	// Logger, when set, receives events as they happen: growth and
+	// release of device memory (Debug), Trim (Info), out of memory (Warn),
+	// with sizes in bytes. It is called with the pool's lock held: its
+	// handler must not call the pool.
+	Logger *slog.Logger
 }
 
 // CacheOptions configure the per-P caches that serve small blocks without
@@ -185,6 +211,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.VirtualSize > tlsf.MaxSize {
 		return o, fmt.Errorf("%w: VirtualSize %d above %d", ErrBadOptions, o.VirtualSize, uint64(tlsf.MaxSize))
+	}
+	if o.History < 0 {
+		return o, fmt.Errorf("%w: History %d, want 0 (off) or more events", ErrBadOptions, o.History)
 	}
 	if o.Cache.MaxSize == 0 {
 		o.Cache.MaxSize = defaultCacheMaxSize

@@ -89,6 +89,7 @@ func (t *passthrough) noteAlloc(p *Pool, ptr uintptr, size uint64) {
 	c := &p.c
 	c.allocs++
 	r := t.rounded(p, size)
+	c.bySize[sizeBucket(r)]++
 	c.allocated += r
 	c.active += r
 	c.allocations++
