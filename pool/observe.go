@@ -20,14 +20,8 @@ import (
 // its block or a final error other than out-of-memory. Pool lock held on
 // entry and on return, even if the hook panics.
 func (p *Pool) retryAfterHook(size, align uint64) (b tlsf.Block, err error, done bool) {
-	hook := p.opts.OnOutOfMemory
-	p.mu.Unlock()
-	func() {
-		defer p.mu.Lock()
-		hook(size)
-	}()
-	if p.closed {
-		return tlsf.Block{}, ErrClosed, true
+	if err := p.runOOMHook(size); err != nil {
+		return tlsf.Block{}, err, true
 	}
 	p.c.retries++
 	p.flushCaches()
@@ -43,6 +37,22 @@ func (p *Pool) retryAfterHook(size, align uint64) (b tlsf.Block, err error, done
 		return b, p.growError(size, err), true
 	}
 	return tlsf.Block{}, nil, false
+}
+
+// runOOMHook calls Options.OnOutOfMemory with the pool's lock released,
+// and takes it again, even if the hook panics. Errors: ErrClosed (the
+// hook, or another goroutine meanwhile, closed the pool).
+func (p *Pool) runOOMHook(size uint64) error {
+	hook := p.opts.OnOutOfMemory
+	p.mu.Unlock()
+	func() {
+		defer p.mu.Lock()
+		hook(size)
+	}()
+	if p.closed {
+		return ErrClosed
+	}
+	return nil
 }
 
 // oomError builds ErrOutOfMemory's message for a request of size bytes:
