@@ -1,6 +1,7 @@
 package pool_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 
@@ -95,4 +96,46 @@ func ExampleOptions_onOutOfMemory() {
 	// 48 MiB: <nil>
 	// out of memory for 1024 MiB: freeing 0 blocks
 	// 1 GiB is out of memory: true
+}
+
+// A snapshot in PyTorch's format, for its memory viewer: write it to a
+// file and open it at pytorch.org/memory_viz, or run
+// python3 -m torch.cuda._memory_viz trace_plot snap.pickle -o snap.html.
+func ExamplePool_Snapshot() {
+	p, err := pool.New(sim.New(sim.Config{Capacity: 1 << 30}), pool.Options{History: 1000})
+	if err != nil {
+		panic(err)
+	}
+	defer p.Close()
+
+	a, _ := p.Alloc(3 << 20)
+	b, _ := p.Alloc(1 << 20)
+	_ = p.Free(a)
+
+	s, err := p.Snapshot()
+	if err != nil {
+		panic(err)
+	}
+	for _, sg := range s.Segments {
+		fmt.Printf("segment of %d MiB:\n", sg.Size>>20)
+		for _, blk := range sg.Blocks {
+			fmt.Printf("  %-16s %8d bytes\n", blk.State, blk.Size)
+		}
+	}
+	for _, e := range s.History {
+		fmt.Println(e.Action, e.Size)
+	}
+	var buf bytes.Buffer // or an *os.File
+	if err := s.WritePickle(&buf); err != nil {
+		panic(err)
+	}
+	_ = p.Free(b)
+	// Output:
+	// segment of 4 MiB:
+	//   inactive          3145728 bytes
+	//   active_allocated  1048576 bytes
+	// segment_alloc 4194304
+	// alloc 3145728
+	// alloc 1048576
+	// free_requested 3145728
 }
