@@ -41,6 +41,7 @@ type replayOpts struct {
 	minCap   bool
 	json     bool
 	plot     string
+	snapshot string // --snapshot FILE (snapshot.go)
 }
 
 func newReplayCmd(g *globalFlags) *cobra.Command {
@@ -76,6 +77,17 @@ T), or, written with a decimal point, a fraction of the device's memory:
 				if ext := strings.ToLower(filepath.Ext(o.plot)); ext != ".svg" && ext != ".png" {
 					return usagef("--plot %q: the file name must end in .svg or .png", o.plot)
 				}
+				if err := checkOutputPath("--plot", o.plot); err != nil {
+					return err
+				}
+			}
+			if o.snapshot != "" {
+				if err := checkOutputPath("--snapshot", o.snapshot); err != nil {
+					return err
+				}
+				if _, ok := snapshotBackend(o.backends); !ok {
+					return usagef("--snapshot needs a pool backend (%s) in --backend", strings.Join(poolBackends, ", "))
+				}
 			}
 			if len(args) == 0 {
 				args = trace.Names()
@@ -89,6 +101,7 @@ T), or, written with a decimal point, a fraction of the device's memory:
 	f.BoolVar(&o.minCap, "min-cap", false, "find by bisection the smallest cap under which the trace replays with no failed allocation")
 	f.BoolVar(&o.json, "json", false, "print one JSON object per trace and backend (schema in the package doc) instead of a table")
 	f.StringVar(&o.plot, "plot", "", "write live and reserved bytes over the first replay to `FILE` (.svg or .png; with several traces, FILE-TRACE.ext)")
+	f.StringVar(&o.snapshot, "snapshot", "", "replay each trace once more with the first pool backend, recording its history, and write a PyTorch memory snapshot (the pickle of torch.cuda.memory._snapshot(), for pytorch.org/memory_viz) to `FILE` (with several traces, FILE-TRACE.ext)")
 	return cmd
 }
 
@@ -187,6 +200,11 @@ func runReplay(cmd *cobra.Command, g *globalFlags, o *replayOpts, args []string)
 	}
 	if o.plot != "" {
 		if err := plotReplays(o.plot, traces, results); err != nil {
+			return err
+		}
+	}
+	if o.snapshot != "" {
+		if err := writeSnapshots(ds, traces, o, func(s string) { fmt.Fprintln(errw, "tlsf-stress:", s) }); err != nil {
 			return err
 		}
 	}
