@@ -41,7 +41,7 @@
 // # replay
 //
 // replay [--backend LIST] [--cap BYTES|FRACTION] [--min-cap] [--json]
-// [--plot FILE] TRACE...
+// [--plot FILE] [--snapshot FILE] TRACE...
 //
 // A TRACE is a file, told apart by content (package trace): this
 // project's text format, a PyTorch memory snapshot pickle, or an RMM
@@ -64,7 +64,17 @@
 // under which one replay on a fresh allocator has no failed allocation.
 // --plot FILE writes live bytes and each backend's reserved bytes over the
 // first replay (about 2000 samples) as SVG or PNG, by FILE's extension;
-// with several traces, to FILE-TRACE.ext each.
+// with several traces, to FILE-TRACE.ext each (the command names each file
+// it writes). --snapshot FILE replays each trace once more with the first
+// pool backend of --backend, recording its history
+// (pool.Options.History), and writes the pool's snapshot, taken before
+// the blocks left live are freed, as the pickle that PyTorch's
+// torch.cuda.memory._snapshot() returns (pool.Snapshot.WritePickle; with
+// several traces, FILE-TRACE.ext each). PyTorch's viewer renders it:
+// drop it on pytorch.org/memory_viz, or run
+// python3 -m torch.cuda._memory_viz trace_plot FILE -o FILE.html. It is
+// also a trace this command replays. Both paths are checked before the
+// replays start.
 //
 // With --json, replay prints one JSON object per line, per trace and
 // backend, with these fields (bytes are bytes, times ns):

@@ -107,4 +107,3 @@ func writeSnapshot(ds *devices, t *trace.Trace, be string, o *replayOpts, name s
 
 // poolBackends are the backends --snapshot can use.
 var poolBackends = slices.DeleteFunc(slices.Clone(allBackends), func(b string) bool { return b == backendAsync })
-
