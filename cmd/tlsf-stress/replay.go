@@ -199,7 +199,7 @@ func runReplay(cmd *cobra.Command, g *globalFlags, o *replayOpts, args []string)
 		printReplayTable(out, ds, results)
 	}
 	if o.plot != "" {
-		if err := plotReplays(o.plot, traces, results); err != nil {
+		if err := plotReplays(o.plot, traces, results, func(s string) { fmt.Fprintln(errw, "tlsf-stress:", s) }); err != nil {
 			return err
 		}
 	}
