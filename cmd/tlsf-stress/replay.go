@@ -4,15 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"maps"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/gpumem/tlsf/device"
@@ -375,60 +372,6 @@ func replayTrace(t *trace.Trace, a replayAllocator, every int) (replay.Result, [
 		return err
 	})
 	return res, series, err
-}
-
-// printReplayTable writes the results as a table per trace, with the
-// peers' figures on the H200 (trace.Baselines) below ours.
-func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
-	fmt.Fprintf(w, "Replay on %s (%s). ns/op is the warm cost per alloc or free: each trace is\n", ds.name(), ds.kind)
-	fmt.Fprintln(w, "replayed once to warm the allocator, then again on it, timed; peers' figures are warm too.")
-	sd := ds.kind == deviceSim
-	if sd {
-		fmt.Fprintln(w, "On the simulated device ns/op is host time only; drv ns/op is the modelled driver time per op.")
-	}
-	baselines, _ := trace.Baselines()
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "trace\tbackend\tops\tns/op\t"
-	if sd {
-		head += "drv ns/op\t"
-	}
-	head += "peak reserved\treserved/live\tmin cap/live\tdevice calls\tfailed\t"
-	fmt.Fprintln(tw, head)
-	last := ""
-	for i, r := range results {
-		if r.Trace != last && i > 0 {
-			fmt.Fprintln(tw, "\t")
-		}
-		last = r.Trace
-		row := fmt.Sprintf("%s\t%s\t%d\t%.0f\t", r.Trace, r.Backend, r.Ops, r.NsPerOp)
-		if sd {
-			row += fmt.Sprintf("%s\t", optFloat(r.DeviceNsPerOp, "%.0f"))
-		}
-		row += fmt.Sprintf("%s\t%.3f\t%s\t%d\t%d\t", gib(r.PeakReservedBytes), r.ReservedOverLive, optFloat(r.MinCapOverLive, "%.3f"), r.DeviceCalls, r.FailedAllocs)
-		fmt.Fprintln(tw, row)
-		if i+1 < len(results) && results[i+1].Trace == r.Trace {
-			continue
-		}
-		bl, ok := baselines[r.Trace]
-		if !ok {
-			continue
-		}
-		for _, name := range slices.Sorted(maps.Keys(bl.Peers)) {
-			p := bl.Peers[name]
-			row := fmt.Sprintf("%s\tpeer %s\t%d\t%s\t", r.Trace, name, bl.Ops, zeroDash(p.WarmNsPerOp, "%.0f"))
-			if sd {
-				row += "\t"
-			}
-			rsv := "-"
-			if p.PeakReservedBytes > 0 {
-				rsv = gib(p.PeakReservedBytes)
-			}
-			row += fmt.Sprintf("%s\t%s\t%s\t\t\t", rsv, zeroDash(p.PeakReservedOverLive, "%.3f"), zeroDash(p.MinCapOverLive, "%.3f"))
-			fmt.Fprintln(tw, row)
-		}
-	}
-	tw.Flush()
-	fmt.Fprintln(w, "peer rows: H200 figures from internal/trace/data/baseline.json (peak live as the trace sizes it).")
 }
 
 func optFloat(v *float64, format string) string {

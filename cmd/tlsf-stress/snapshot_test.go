@@ -2,6 +2,7 @@ package main
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/gpumem/tlsf/internal/trace"
@@ -48,4 +49,29 @@ func TestReplaySnapshotRefusesABadPathAtOnce(t *testing.T) {
 	_, stderr, status = cli(t, "replay", "--device", "sim", "--plot", "/no/such/dir/p.svg", "lstm")
 	require.Equal(t, exitUsage, status)
 	require.Contains(t, stderr, `--plot "/no/such/dir/p.svg": no directory`)
+}
+
+func TestReplayShowsWhyAllocationsFailedWithoutJSON(t *testing.T) {
+	out, errs, status := cli(t, "replay", "--device", "sim", "--backend", "tlsf-vmm", "--cap", "1GiB", "lstm")
+	require.Equal(t, exitOK, status, errs) // with --cap, failures are the measurement
+	require.Regexp(t, `lstm tlsf-vmm: \d+ allocations failed in the first replay, \d+ in the second; first error: pool: out of memory: request of`, out)
+	require.Contains(t, out, "(see below)")
+}
+
+func TestSimCapacityBelowTheGranularityIsRefused(t *testing.T) {
+	_, errs, status := cli(t, "replay", "--device", "sim", "--sim-capacity", "1MiB", "lstm")
+	require.Equal(t, exitUsage, status)
+	require.Contains(t, errs, "--sim-capacity 1048576: below the simulated GPU's allocation granularity")
+	_, errs, status = cli(t, "run", "--device", "sim", "--sim-capacity", "2MiB", "--ops", "10", "--max-size", "4096")
+	require.Equal(t, exitOK, status, errs)
+}
+
+func TestMultiPrintsProgressAndTheNoGPUNoteOnce(t *testing.T) {
+	out, errs, status := cli(t, "multi", "--sim-capacity", "256MiB", "--procs", "2", "--ops", "200000", "--progress-interval", "1ms")
+	require.Equal(t, exitOK, status, errs)
+	all := out + errs
+	if strings.Contains(all, "using the simulated H200") { // no GPU here
+		require.Equal(t, 1, strings.Count(all, "using the simulated H200"), all)
+	}
+	require.Regexp(t, `\[proc [01]\] run: \d+ ops \(\d+%\)`, errs)
 }
