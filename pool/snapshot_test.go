@@ -221,3 +221,67 @@ print(sorted(fr.keys()), fr['name'].split('.')[-1])
 	require.Equal(t, "['filename', 'line', 'name'] TestSnapshotPickleLoadsInPython", lines[1])
 	require.NoError(t, p.Free(b))
 }
+
+// Many goroutines allocate and free with history and stacks on while
+// others take snapshots: run with -race.
+func TestHistoryAndSnapshotsUnderConcurrency(t *testing.T) {
+	d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
+	p := openPool(t, d, Options{History: 512, HistoryStacks: true})
+	done := make(chan struct{})
+	errs := make(chan error, 8)
+	for g := range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			var live []uintptr
+			for i := range 2000 {
+				n := uint64(256 << ((g + i) % 14))
+				ptr, err := p.Alloc(n)
+				if err != nil {
+					errs <- err
+					return
+				}
+				live = append(live, ptr)
+				if len(live) > 8 {
+					if err := p.Free(live[0]); err != nil {
+						errs <- err
+						return
+					}
+					live = live[1:]
+				}
+			}
+			for _, ptr := range live {
+				if err := p.Free(ptr); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	go func() {
+		defer func() { done <- struct{}{} }()
+		for range 20 {
+			s, err := p.Snapshot()
+			if err != nil {
+				errs <- err
+				return
+			}
+			if err := s.WritePickle(&bytes.Buffer{}); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	for range 5 {
+		<-done
+	}
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	checkStep(t, p, d)
+	s, err := p.Snapshot()
+	require.NoError(t, err)
+	checkTiling(t, s)
+	require.Len(t, s.History, 512)
+	require.Zero(t, s.Stats.Allocations)
+}
