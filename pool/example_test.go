@@ -134,7 +134,7 @@ func ExamplePool_Snapshot() {
 	// segment of 4 MiB:
 	//   inactive          3145728 bytes
 	//   active_allocated  1048576 bytes
-	// segment_alloc 4194304
+	// segment_map 4194304
 	// alloc 3145728
 	// alloc 1048576
 	// free_requested 3145728

@@ -43,19 +43,25 @@ const (
 	// ActionFree: Free or FreeOn freed Addr, requested as Size bytes
 	// ("free_requested", and "free_completed" at the same time).
 	ActionFree
-	// ActionSegmentAlloc: the pool took Size bytes from the driver
-	// (cuMemCreate and cuMemMap at Addr, or a cuMemAlloc chunk;
-	// "segment_alloc"). Addr is 0 where the memory is not one range.
+	// ActionSegmentAlloc: the pool took Size bytes at Addr from the
+	// driver as one allocation: a cuMemAlloc chunk (BackendChunks), or a
+	// passthrough pool's allocation ("segment_alloc").
 	ActionSegmentAlloc
-	// ActionSegmentFree: the pool returned Size bytes to the driver
-	// ("segment_free"); Addr is 0 (a release may span many ranges).
+	// ActionSegmentFree: the pool returned that allocation to the driver
+	// (cuMemFree; "segment_free").
 	ActionSegmentFree
 	// ActionOOM: a request of Size bytes failed with ErrOutOfMemory while
 	// the device had DeviceFree bytes free ("oom").
 	ActionOOM
+	// ActionSegmentMap: a VMM pool mapped Size bytes of pages at Addr
+	// (cuMemMap; "segment_map", as PyTorch's expandable segments).
+	ActionSegmentMap
+	// ActionSegmentUnmap: a VMM pool unmapped Size bytes of pages at Addr
+	// (cuMemUnmap; "segment_unmap").
+	ActionSegmentUnmap
 )
 
-var actionNames = [...]string{"", "alloc", "free_requested", "segment_alloc", "segment_free", "oom"}
+var actionNames = [...]string{"", "alloc", "free_requested", "segment_alloc", "segment_free", "oom", "segment_map", "segment_unmap"}
 
 // String returns the action's name in PyTorch's traces.
 func (a Action) String() string {
@@ -149,6 +155,9 @@ func (p *Pool) allocRecorded(size uint64, s device.Stream) (uintptr, error) {
 	switch {
 	case err == nil:
 		h.mu.Lock()
+		if p.pt != nil { // each driver allocation is a segment
+			h.add(Event{Action: ActionSegmentAlloc, Addr: ptr, Size: size, Stream: s})
+		}
 		h.add(Event{Action: ActionAlloc, Addr: ptr, Size: size, Stream: s, Stack: stack})
 		h.live[ptr] = liveRec{size, stack}
 		h.mu.Unlock()
@@ -172,12 +181,18 @@ func (p *Pool) freeRecorded(ptr uintptr, s device.Stream) error {
 	if known {
 		delete(h.live, ptr)
 		h.add(Event{Action: ActionFree, Addr: ptr, Size: r.size, Stream: s, Stack: r.stack})
+		if p.pt != nil {
+			h.add(Event{Action: ActionSegmentFree, Addr: ptr, Size: r.size, Stream: s})
+		}
 	}
 	h.mu.Unlock()
 	err := p.freeOn(ptr, s)
 	switch {
 	case err != nil && known:
 		h.mu.Lock()
+		if p.pt != nil {
+			h.add(Event{Action: ActionSegmentAlloc, Addr: ptr, Size: r.size, Stream: s})
+		}
 		h.live[ptr] = r
 		h.add(Event{Action: ActionAlloc, Addr: ptr, Size: r.size, Stream: s, Stack: r.stack})
 		h.mu.Unlock()
@@ -189,13 +204,38 @@ func (p *Pool) freeRecorded(ptr uintptr, s device.Stream) error {
 	return err
 }
 
-// noteSegment records a growth or release of n bytes. Pool lock held.
+// noteSegment records a segment event. Pool lock held.
 func (p *Pool) noteSegment(a Action, addr uintptr, n uint64) {
 	if h := p.hist; h != nil && n > 0 {
 		h.mu.Lock()
 		h.add(Event{Action: a, Addr: addr, Size: n})
 		h.mu.Unlock()
 	}
+}
+
+// watchHeap has the heap report its mappings and chunks to the history,
+// so that the segment events replay into the snapshot's segments.
+func (p *Pool) watchHeap() {
+	if p.hist == nil {
+		return
+	}
+	switch h := p.heap.(type) {
+	case *vmmHeap:
+		h.note = func(addr, size uint64, mapped bool) {
+			p.noteSegment(cond(mapped, ActionSegmentMap, ActionSegmentUnmap), uintptr(addr), size)
+		}
+	case *chunkHeap:
+		h.note = func(addr, size uint64, allocated bool) {
+			p.noteSegment(cond(allocated, ActionSegmentAlloc, ActionSegmentFree), uintptr(addr), size)
+		}
+	}
+}
+
+func cond[T any](c bool, a, b T) T {
+	if c {
+		return a
+	}
+	return b
 }
 
 // History returns the recorded events, oldest first: at most

@@ -212,13 +212,11 @@ func (p *Pool) logEvent(level slog.Level, msg string, attrs ...slog.Attr) {
 
 // noteGrow records a growth that added n bytes of reserved memory.
 func (p *Pool) noteGrow(n uint64) {
-	p.noteSegment(ActionSegmentAlloc, 0, n)
 	p.logEvent(slog.LevelDebug, "tlsf pool: grew", slog.Uint64("bytes", n), slog.String("backend", p.backend.String()))
 }
 
 // noteRelease records a release of n bytes to the driver.
 func (p *Pool) noteRelease(n uint64) {
-	p.noteSegment(ActionSegmentFree, 0, n)
 	p.logEvent(slog.LevelDebug, "tlsf pool: released", slog.Uint64("bytes", n))
 }
 

@@ -124,6 +124,7 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 	case BackendChunks:
 		p.heap = newChunkHeap(p.dev, p.x)
 	}
+	p.watchHeap()
 	if o.InitialFraction > 0 {
 		g := p.heap.granularity()
 		initial := uint64(o.InitialFraction*float64(free)) / g * g

@@ -12,7 +12,15 @@ package pool
 // free blocks appear in none), or one driver allocation (passthrough).
 // Blocks are the index's blocks clipped to their segment; blocks in
 // per-P caches are free to the viewer ("inactive"), except those the
-// caches handed out, which are live.
+// caches handed out, which are live. The segments add up to the reserved
+// memory, less physical memory a VMM pool holds unmapped (spares kept by
+// ReleaseFraction, allocations whose release failed).
+//
+// With history on, the heaps report every mapping and chunk as it is made
+// or undone ("segment_map"/"segment_unmap" for VMM pages, as PyTorch's
+// expandable segments; "segment_alloc"/"segment_free" for chunks and
+// passthrough allocations), so that the history replays into the
+// segments: the viewer's "Allocator State History" steps through it.
 
 import (
 	"io"
