@@ -63,7 +63,18 @@ line:
 
 A cap (--cap) is bytes with an optional suffix (KiB, MiB, GiB, TiB; K, M, G,
 T), or, written with a decimal point, a fraction of the device's memory:
---cap 0.5 is half of it, --cap 1 is one byte.`,
+--cap 0.5 is half of it, --cap 1 is one byte.
+
+The table's "measured" column says where each row comes from: this run, or
+the peers' figures recorded on an H200 (baseline.json). A failed replay's
+first error is printed under the table, and each trace ends with a verdict
+line: our best pool backend against the best peer, by min cap over peak live
+with --min-cap, else by peak reserved over peak live.
+
+--snapshot FILE writes, per trace, a PyTorch memory snapshot of one more
+replay with the first pool backend (the pickle of torch.cuda.memory._snapshot(),
+history included): open it at pytorch.org/memory_viz, or run
+python3 -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.`,
 		Args: wrapArgs(cobra.ArbitraryArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
