@@ -100,3 +100,21 @@ func ExampleNew() {
 	// Output:
 	// series: 2
 }
+
+func TestCollectorScrapesAClosedPool(t *testing.T) {
+	p, err := pool.New(sim.New(sim.Config{Capacity: 1 << 30}), pool.Options{})
+	require.NoError(t, err)
+	_, err = p.Alloc(4096)
+	require.NoError(t, err)
+	require.NoError(t, p.Close())
+	n, err := testutil.GatherAndCount(prometheusRegistry(t, poolmetrics.New(p, nil)), "tlsf_pool_allocs_total")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+}
+
+func prometheusRegistry(t *testing.T, c prometheus.Collector) *prometheus.Registry {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	return reg
+}
