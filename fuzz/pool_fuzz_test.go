@@ -439,8 +439,8 @@ func (run *poolRun) badFree(r *reader) string {
 			return "late double free"
 		}
 	}
-	// A pointer far from anything the pool holds.
-	ptr := pick(r, uintptr(0), 0x1000, 1<<40, ^uintptr(0)&^255, ^uintptr(0))
+	// A pointer far from anything the pool holds (not 0: Free(0) is a no-op).
+	ptr := pick(r, uintptr(256), 0x1000, 1<<40, ^uintptr(0)&^255, ^uintptr(0))
 	run.misuse(fmt.Sprintf("Free(%#x)", ptr), []error{pool.ErrUnknownPointer}, func() error { return run.p.Free(ptr) })
 	return "foreign free"
 }

@@ -78,6 +78,7 @@ type pcache struct {
 	liveBlocks  int64
 	allocs      uint64
 	frees       uint64
+	bySize      [NumSizeBuckets]uint64 // allocs by sizeBucket
 
 	_ [64]byte // keep neighbouring caches off this one's cache lines
 }
@@ -197,6 +198,7 @@ func (c *cacheSet) alloc(size uint64) (uintptr, bool) {
 	pc.liveBytes += r
 	pc.liveBlocks++
 	pc.allocs++
+	pc.bySize[sizeBucket(r)]++
 	pc.unlock()
 	procUnpin()
 	return uintptr(addr), true
@@ -314,6 +316,7 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 	pc.liveBytes += b.Size
 	pc.liveBlocks++
 	pc.allocs++
+	pc.bySize[sizeBucket(b.Size)]++
 	over := pc.stackBytes > c.share.Load()
 	pc.unlock()
 	procUnpin()
@@ -500,6 +503,9 @@ func (c *cacheSet) addStats(ctr *counters, s *Stats) {
 		ctr.allocations += pc.liveBlocks
 		ctr.allocs += pc.allocs
 		ctr.frees += pc.frees
+		for i, n := range pc.bySize {
+			ctr.bySize[i] += n
+		}
 		pc.unlock()
 	}
 }

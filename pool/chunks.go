@@ -17,6 +17,9 @@ type chunkHeap struct {
 	x      *tlsf.Index
 	chunks map[uint64]uint64 // base → size in bytes
 	total  uint64
+	// note, when set (history on), is told of every chunk allocated or
+	// freed: address and bytes (history.go).
+	note func(addr, size uint64, allocated bool)
 }
 
 // chunkGranularity is 2 MiB: the driver backs cuMemAlloc with 2 MiB pages,
@@ -54,6 +57,9 @@ func (h *chunkHeap) grow(need, want uint64) error {
 	}
 	h.chunks[uint64(ptr)] = size
 	h.total += size
+	if h.note != nil {
+		h.note(uint64(ptr), size, true)
+	}
 	return nil
 }
 
@@ -82,6 +88,9 @@ func (h *chunkHeap) release(limit uint64, _ bool) (uint64, error) {
 		delete(h.chunks, base)
 		h.total -= size
 		released += size
+		if h.note != nil {
+			h.note(base, size, false)
+		}
 	}
 	return released, nil
 }

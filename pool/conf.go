@@ -76,6 +76,16 @@ var confKeys = map[string]func(c *Conf, v string) error{
 		return err
 	},
 	"passthrough": func(c *Conf, v string) (err error) { c.Options.Passthrough, err = parseBool(v); return err },
+	"guard":       func(c *Conf, v string) (err error) { c.Options.Guard, err = parseBytes(v); return err },
+	"history": func(c *Conf, v string) error {
+		n, err := strconv.ParseUint(v, 10, 31)
+		if err != nil {
+			return fmt.Errorf("want a whole number of events")
+		}
+		c.Options.History = int(n)
+		return nil
+	},
+	"history_stacks": func(c *Conf, v string) (err error) { c.Options.HistoryStacks, err = parseBool(v); return err },
 }
 
 // ParseConf parses a configuration string of comma-separated key:value
@@ -92,6 +102,9 @@ var confKeys = map[string]func(c *Conf, v string) error{
 //	free_floor_fraction  fraction in [0, 1] (Options.FreeFloorFraction)
 //	caches               true | false (false sets Options.Cache.Disable)
 //	passthrough          true | false (Options.Passthrough)
+//	guard                bytes of red zone after every block (Options.Guard)
+//	history              events kept for History and Snapshot (Options.History)
+//	history_stacks       true | false (Options.HistoryStacks)
 //
 // Bytes are a whole number, optionally followed by a unit: B, KiB, MiB,
 // GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000); with a

@@ -10,7 +10,7 @@ import (
 func TestParseConfAcceptsEveryKey(t *testing.T) {
 	c, err := ParseConf(" backend:chunks , device:sim,sim_capacity:2GiB,initial_fraction:0.01," +
 		"grow_fraction:0.5,max_fraction:0.9,max_bytes:1.5GiB,release_fraction:0.03," +
-		"free_floor_fraction:0.1,caches:false,passthrough:false")
+		"free_floor_fraction:0.1,caches:false,passthrough:false,guard:64,history:100,history_stacks:true")
 	require.NoError(t, err)
 	require.Equal(t, Conf{
 		Device:      ConfDeviceSim,
@@ -24,6 +24,9 @@ func TestParseConfAcceptsEveryKey(t *testing.T) {
 			ReleaseFraction:   0.03,
 			FreeFloorFraction: 0.1,
 			Cache:             CacheOptions{Disable: true},
+			Guard:             64,
+			History:           100,
+			HistoryStacks:     true,
 		},
 	}, c)
 }
@@ -89,6 +92,10 @@ func TestParseConfRejects(t *testing.T) {
 		{"max_bytes:1.2.3GiB", `"max_bytes"`},
 		{"caches:yes", `"caches"`},
 		{"passthrough:1", `"passthrough"`},
+		{"guard:2GiB", "Guard"},
+		{"history:-1", `"history"`},
+		{"history:many", `"history"`},
+		{"history_stacks:on", `"history_stacks"`},
 		{"sim_capacity:1GiB", `"sim_capacity"`},
 		{"device:sim,sim_capacity:lots", `"sim_capacity"`},
 		{"initial_fraction:0.5,max_fraction:0.25", "InitialFraction"},

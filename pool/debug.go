@@ -11,9 +11,9 @@ package pool
 // AllocPitch, Stats, Check and Close.
 //
 // The layer calls the same fast path the public methods run
-// (allocUnchecked and freeUnchecked repeat AllocOn's and FreeOn's bodies:
-// keep them alike), so blocks come from the per-P caches and the index as
-// they would without it, and cache hits pass through it too.
+// (allocUnchecked and freeUnchecked: allocOn and freeOn, through the
+// history when it is on), so blocks come from the per-P caches and the
+// index as they would without it, and cache hits pass through it too.
 //
 // Locking: the layer's mutex guards its table of live blocks. The pool's
 // lock may be held when it is taken (AllocPitch, Stats, Check, Close), never
@@ -81,24 +81,20 @@ func (p *Pool) initDebug() error {
 	return nil
 }
 
-// allocUnchecked is AllocOn's body without the debug layer.
+// allocUnchecked is AllocOn without the debug layer (history kept).
 func (p *Pool) allocUnchecked(size uint64, s device.Stream) (uintptr, error) {
-	c := p.cache
-	cached := c != nil && c.serves(size, uintptr(s))
-	if cached {
-		if ptr, ok := c.alloc(size); ok {
-			return ptr, nil
-		}
+	if p.hist != nil {
+		return p.allocRecorded(size, s)
 	}
-	return p.lockedAlloc(size, s, cached)
+	return p.allocOn(size, s)
 }
 
-// freeUnchecked is FreeOn's body without the debug layer.
+// freeUnchecked is FreeOn without the debug layer (history kept).
 func (p *Pool) freeUnchecked(ptr uintptr, s device.Stream) error {
-	if c := p.cache; c != nil && s == 0 && ptr%indexGranularity == 0 && c.free(ptr) {
-		return nil
+	if p.hist != nil {
+		return p.freeRecorded(ptr, s)
 	}
-	return p.freeSlow(ptr, s)
+	return p.freeOn(ptr, s)
 }
 
 // alloc is AllocOn through the layer: size+guard bytes from the pool, the

@@ -49,10 +49,24 @@
 // recorded stream (record.go). A stream destroyed without ForgetStream is
 // dropped when a driver call finds it dead, and the pool keeps serving.
 //
+// # Watching a pool
+//
+// Stats (stats.go) gives the counters, peaks (ResetPeaks) and allocation
+// counts by size; Size a live block's usable size. With Options.History
+// the pool records its last events (history.go), and Snapshot
+// (snapshot.go) gives every segment of device memory with its blocks and
+// that history, written by Snapshot.WritePickle in the format of
+// torch.cuda.memory._snapshot() for PyTorch's memory viewer.
+// Options.OnOutOfMemory runs before an out-of-memory failure, without the
+// pool's lock, and the pool retries once; Options.Logger receives growth,
+// release, trim and out-of-memory events (observe.go). Package
+// pool/poolmetrics exports Stats to Prometheus.
+//
 // # Rules for callers
 //
 // All methods of a Pool are safe for concurrent use. A pointer is freed
-// once, with the pool that returned it; errors are errors.Is sentinels
+// once, with the pool that returned it (Free(0) is a no-op, as
+// cudaFree(NULL) is); errors are errors.Is sentinels
 // (errors.go), and after any error the pool's state and statistics are as
 // before. Close returns all memory, live allocations included. Check
 // verifies every invariant and is meant for tests.

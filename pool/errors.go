@@ -13,10 +13,13 @@ import "errors"
 var (
 	// ErrOutOfMemory: the request could not be met after flushing caches,
 	// waiting for pending stream-ordered frees, releasing unused memory,
-	// searching again and growing once more. The message gives the
-	// request, allocated and reserved bytes, the largest free block and the
-	// device's free and total memory. When the driver itself ran out, the
-	// error also wraps device.ErrOutOfMemory.
+	// searching again and growing once more (and, with
+	// Options.OnOutOfMemory, after the hook and one more try). The message
+	// gives the request, allocated and reserved bytes, the cap, the
+	// largest block that could be allocated now (within the cap and the
+	// device's free memory; a VMM pool also names its largest free block
+	// of address space) and the device's free and total memory. When the
+	// driver itself ran out, the error also wraps device.ErrOutOfMemory.
 	ErrOutOfMemory = errors.New("pool: out of memory")
 	// ErrInvalidSize: a size of zero, or a pitch allocation with zero width
 	// or height.

@@ -45,6 +45,22 @@ func (t *passthrough) admit(p *Pool, size uint64) error {
 }
 
 func (t *passthrough) alloc(p *Pool, size uint64) (uintptr, error) {
+	if p.opts.OnOutOfMemory != nil {
+		// The out-of-memory hook, then one more try (observe.go).
+		capped, limit, err := p.cap()
+		if err != nil {
+			return 0, err
+		}
+		free, _, err := p.dev.MemGetInfo()
+		if err != nil {
+			return 0, err
+		}
+		if (capped && t.reserved+size > limit) || size > free {
+			if err := p.runOOMHook(size); err != nil {
+				return 0, err
+			}
+		}
+	}
 	if err := t.admit(p, size); err != nil {
 		return 0, err
 	}
@@ -89,6 +105,7 @@ func (t *passthrough) noteAlloc(p *Pool, ptr uintptr, size uint64) {
 	c := &p.c
 	c.allocs++
 	r := t.rounded(p, size)
+	c.bySize[sizeBucket(r)]++
 	c.allocated += r
 	c.active += r
 	c.allocations++

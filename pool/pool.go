@@ -56,7 +56,8 @@ type Pool struct {
 
 	cache *cacheSet // nil when caches are off
 
-	dbg *debugLayer // guard mode and memory-checker hooks; nil when off (debug.go)
+	dbg  *debugLayer // guard mode and memory-checker hooks; nil when off (debug.go)
+	hist *history    // nil unless Options.History > 0 (history.go)
 }
 
 // counters are the pool's statistics kept under its lock.
@@ -72,6 +73,7 @@ type counters struct {
 	releasedBytes                uint64
 	recycledBytes                uint64
 	ooms, retries                uint64
+	bySize                       [NumSizeBuckets]uint64 // allocs by sizeBucket
 }
 
 // New makes a pool on dev. It queries the device's memory, reserves the
@@ -91,6 +93,7 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 	}
 	p := &Pool{dev: &counted{Device: dev}, opts: o, backend: o.Backend}
 	p.ss = newStreamSet(p.dev)
+	p.hist = newHistory(o.History, o.HistoryStacks)
 	if err := p.initDebug(); err != nil {
 		return nil, err
 	}
@@ -126,6 +129,7 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 	case BackendChunks:
 		p.heap = newChunkHeap(p.dev, p.x)
 	}
+	p.watchHeap()
 	if o.InitialFraction > 0 {
 		g := p.heap.granularity()
 		initial := uint64(o.InitialFraction*float64(free)) / g * g
@@ -140,6 +144,7 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 			}
 			p.c.grows++
 			p.noteReserved()
+			p.noteGrow(initial)
 		}
 	}
 	if !o.Cache.Disable {
@@ -186,8 +191,16 @@ func (p *Pool) Alloc(size uint64) (uintptr, error) { return p.AllocOn(size, 0) }
 // other than out-of-memory are returned wrapped.
 func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 	if p.dbg != nil {
-		return p.dbg.alloc(size, s)
+		return p.dbg.alloc(size, s) // guard mode, memory checker (debug.go)
 	}
+	if p.hist != nil {
+		return p.allocRecorded(size, s) // history.go
+	}
+	return p.allocOn(size, s)
+}
+
+// allocOn is AllocOn without the debug layer and history.
+func (p *Pool) allocOn(size uint64, s device.Stream) (uintptr, error) {
 	c := p.cache
 	cached := c != nil && c.serves(size, uintptr(s))
 	if cached {
@@ -246,6 +259,7 @@ func (p *Pool) noteAlloc(b tlsf.Block, reused bool) {
 	p.setMeta(b, stateLive)
 	c := &p.c
 	c.allocs++
+	c.bySize[sizeBucket(b.Size)]++
 	c.allocated += b.Size
 	c.allocations++
 	if reused {
@@ -369,6 +383,11 @@ func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
 	if err == nil || !retryable(err) {
 		return b, p.growError(size, err)
 	}
+	if p.opts.OnOutOfMemory != nil {
+		if b, err, done := p.retryAfterHook(size, align); done {
+			return b, err
+		}
+	}
 	p.c.ooms++
 	return tlsf.Block{}, p.oomError(size, err)
 }
@@ -435,11 +454,13 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 		// free page from other processes before failing.
 		return tlsf.Block{}, fmt.Errorf("pool: %s more needed, %s free: %w", sizeString(need+tail-min(need+tail, spare)), sizeString(free), device.ErrOutOfMemory)
 	}
+	before := p.reserved()
 	if err := p.heap.grow(need, want); err != nil {
 		return tlsf.Block{}, err
 	}
 	p.c.grows++
 	p.noteReserved()
+	p.noteGrow(p.reserved() - min(before, p.reserved()))
 	return p.search(size, align)
 }
 
@@ -480,25 +501,6 @@ func (p *Pool) reserved() uint64 {
 
 func (p *Pool) noteReserved() {
 	p.c.reservedPeak = max(p.c.reservedPeak, p.reserved())
-}
-
-func (p *Pool) oomError(size uint64, cause error) error {
-	free, total, _ := p.dev.MemGetInfo()
-	var largest uint64
-	if p.pt == nil {
-		largest = p.x.LargestFree()
-	}
-	limit := "no cap"
-	if capped, c := p.capFrom(free); capped {
-		limit = "cap " + sizeString(c)
-	}
-	msg := fmt.Sprintf("request of %s; allocated %s, reserved %s (%s); largest free block %s; device free %s of %s",
-		sizeString(size), sizeString(p.c.allocated), sizeString(p.reserved()), limit,
-		sizeString(largest), sizeString(free), sizeString(total))
-	if isOOM(cause) {
-		return fmt.Errorf("%w: %s: %w", ErrOutOfMemory, msg, cause)
-	}
-	return fmt.Errorf("%w: %s", ErrOutOfMemory, msg)
 }
 
 // sizeString writes n bytes for a person: "12345 bytes", or with the
@@ -601,12 +603,26 @@ func (p *Pool) Free(ptr uintptr) error { return p.FreeOn(ptr, 0) }
 // so memory used on other streams must be freed with FreeOn on the stream
 // of its last use, or after synchronizing.
 //
+// A ptr of 0 is a no-op that returns nil, as cuMemFree(0) and
+// cudaFree(NULL) are, even on a closed pool.
+//
 // Errors: ErrDoubleFree, ErrUnknownPointer (foreign, or inside an
 // allocation), ErrClosed; device errors from recording the free's event.
 func (p *Pool) FreeOn(ptr uintptr, s device.Stream) error {
-	if p.dbg != nil {
-		return p.dbg.free(ptr, s)
+	if ptr == 0 {
+		return nil // as cuMemFree(0) and cudaFree(NULL)
 	}
+	if p.dbg != nil {
+		return p.dbg.free(ptr, s) // guard mode, memory checker (debug.go)
+	}
+	if p.hist != nil {
+		return p.freeRecorded(ptr, s) // history.go
+	}
+	return p.freeOn(ptr, s)
+}
+
+// freeOn is FreeOn without the debug layer and history.
+func (p *Pool) freeOn(ptr uintptr, s device.Stream) error {
 	if c := p.cache; c != nil && s == 0 && ptr%indexGranularity == 0 && c.free(ptr) {
 		return nil
 	}
@@ -824,6 +840,7 @@ func (p *Pool) noteReleased(n uint64) {
 	if n > 0 {
 		p.c.releases++
 		p.c.releasedBytes += n
+		p.noteRelease(n)
 	}
 }
 
@@ -862,7 +879,9 @@ func (p *Pool) Trim() (uint64, error) {
 		return 0, err
 	}
 	_ = p.freeProbe() // counted as reserved until it succeeds
-	return p.releaseUnused(math.MaxUint64)
+	n, err := p.releaseUnused(math.MaxUint64)
+	p.logTrim(n, err)
+	return n, err
 }
 
 // Close returns all device memory to the driver, live allocations

@@ -263,7 +263,7 @@ func (m *poolModel) freeInside(rt *rapid.T) {
 
 func (m *poolModel) freeForeign(rt *rapid.T) {
 	ptr := rapid.SampledFrom([]uintptr{
-		0, 8, 256, 0x1000, 0x7f0000000000 - 0x10000000, // below the Sim's window
+		8, 256, 0x1000, 0x7f0000000000 - 0x10000000, // below the Sim's window
 		^uintptr(0), ^uintptr(0) - 255, 1 << 63,
 	}).Draw(rt, "foreign")
 	m.badFree(rt, ptr, ErrUnknownPointer)

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"fmt"
+	"math/bits"
 
 	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/tlsf"
@@ -51,6 +52,12 @@ type Stats struct {
 	// Allocs and Frees count successful calls since New (cache hits
 	// included).
 	Allocs, Frees uint64
+	// AllocsBySize counts the successful allocations since New by the
+	// size of their block (the size-class size, as Allocated counts it):
+	// AllocsBySize[k] counts blocks of more than 2^(k-1) and at most 2^k
+	// bytes (SizeBucket gives k), so [8] holds 256-byte blocks, [20] those
+	// up to 1 MiB. The counts sum to Allocs.
+	AllocsBySize [NumSizeBuckets]uint64
 	// Grows counts growths of the heap; Releases counts releases that
 	// returned memory to the driver, ReleasedBytes the bytes returned.
 	Grows, Releases, ReleasedBytes uint64
@@ -101,6 +108,7 @@ func (p *Pool) statsLocked() Stats {
 	s.Allocations, s.AllocationsPeak = c.allocations, c.allocationsPeak
 	s.Active, s.ActivePeak = c.active, c.activePeak
 	s.Allocs, s.Frees = c.allocs, c.frees
+	s.AllocsBySize = c.bySize
 	if p.pt == nil {
 		st := p.x.Stats()
 		s.IndexFree, s.LargestFree, s.FreeBlocks = st.Free, st.LargestFree, st.FreeBlocks
@@ -198,4 +206,37 @@ func (p *Pool) Check() error {
 		return h.check()
 	}
 	return nil
+}
+
+// NumSizeBuckets is the number of power-of-two size buckets of
+// Stats.AllocsBySize: one per bit length of a 64-bit size, plus one.
+const NumSizeBuckets = 65
+
+// SizeBucket returns the index in Stats.AllocsBySize of a block of size
+// bytes: the k for which 2^(k-1) < size ≤ 2^k (0 for size 0 and 1).
+func SizeBucket(size uint64) int { return sizeBucket(size) }
+
+func sizeBucket(size uint64) int {
+	if size <= 1 {
+		return 0
+	}
+	return bits.Len64(size - 1)
+}
+
+// ResetPeaks sets every peak (AllocatedPeak, AllocationsPeak, ActivePeak,
+// ReservedPeak) to the current value, so that the peaks of a phase of a
+// program (one training step, say) can be read on their own, as
+// torch.cuda.reset_peak_memory_stats does. With caches on, the peaks
+// count blocks held by caches as in use (see Stats). Safe for
+// concurrent use; it takes the pool's lock. Errors: none (on a closed
+// pool it does nothing).
+func (p *Pool) ResetPeaks() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.c.allocatedPeak, p.c.activePeak, p.c.allocationsPeak, p.c.reservedPeak = 0, 0, 0, 0
+	p.notePeaks()
+	p.noteReserved()
 }

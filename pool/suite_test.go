@@ -234,7 +234,7 @@ func suiteCapOOM(t *testing.T, d testDevice, be Backend) {
 	before := p.Stats()
 	_, err = p.Alloc(giB)
 	require.ErrorIs(t, err, ErrOutOfMemory)
-	for _, part := range []string{"request of 1.00 GiB (1073741824 bytes)", "allocated", "reserved", "cap 64.00 MiB", "largest free block", "device free"} {
+	for _, part := range []string{"request of 1.00 GiB (1073741824 bytes)", "allocated", "reserved", "cap 64.00 MiB", "largest block that could be allocated", "device free"} {
 		require.Contains(t, err.Error(), part)
 	}
 	after := p.Stats()

@@ -47,6 +47,9 @@ type vmmHeap struct {
 	// next mapping: moving a page costs cuMemUnmap and cuMemMap instead of
 	// also cuMemRelease and cuMemCreate. They count as reserved.
 	spares []device.MemHandle
+	// note, when set (history on), is told of every run of pages mapped
+	// or unmapped: address and bytes (history.go).
+	note func(addr, size uint64, mapped bool)
 }
 
 func newVMMHeap(dev *counted, x *tlsf.Index, vsize, total uint64) (*vmmHeap, error) {
@@ -154,6 +157,9 @@ func (h *vmmHeap) mapRun(first, n, least uint64) (uint64, error) {
 		h.mapped[p] = true
 		h.nMapped++
 	}
+	if h.note != nil && done > 0 {
+		h.note(h.pageAddr(first), done*h.gran, true)
+	}
 	if err != nil && done < least {
 		h.unmapOrStray(first, done)
 		return 0, err
@@ -243,6 +249,9 @@ func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 		h.handles[p] = 0
 		h.mapped[p] = false
 		h.nMapped--
+	}
+	if h.note != nil {
+		h.note(h.pageAddr(first), n*h.gran, false)
 	}
 	return nil
 }

@@ -77,6 +77,7 @@ func isOOM(err error) bool {
 type allocOptions struct {
 	capBytes    uint64  // pool.Options.MaxBytes; for async, the memory left free beside a filler (0: none)
 	maxFraction float64 // pool.Options.MaxFraction (0: default)
+	history     int     // pool.Options.History (0: off)
 }
 
 // newAllocator makes backend name on d.
@@ -94,7 +95,7 @@ func newAllocator(d device.Device, name string, o allocOptions) (allocator, erro
 	default:
 		return nil, fmt.Errorf("unknown backend %q", name)
 	}
-	p, err := pool.New(d, pool.Options{Backend: be, MaxBytes: o.capBytes, MaxFraction: o.maxFraction})
+	p, err := pool.New(d, pool.Options{Backend: be, MaxBytes: o.capBytes, MaxFraction: o.maxFraction, History: o.history})
 	if err != nil {
 		return nil, err
 	}

@@ -44,7 +44,11 @@ func openDevices(g *globalFlags, shadow bool) (*devices, error) {
 		return ds, nil
 	case ds.kind == "" && (errors.Is(err, device.ErrNoDriver) || errors.Is(err, device.ErrNoDevice)):
 		ds.kind = deviceSim
-		ds.note = fmt.Sprintf("no CUDA GPU (%v): using the simulated H200", err)
+		why := "no CUDA GPU"
+		if errors.Is(err, device.ErrNoDriver) {
+			why = "no CUDA driver (libcuda)"
+		}
+		ds.note = why + " found: using the simulated H200 (--device sim chooses it without this note)"
 		return ds, nil
 	}
 	return nil, fmt.Errorf("opening CUDA device 0: %w", err)

@@ -5,7 +5,7 @@
 //
 // Usage:
 //
-//	tlsf-stress                        replay the embedded resnet50 trace with every backend
+//	tlsf-stress                        replay every embedded trace with every backend, with --min-cap
 //	tlsf-stress replay [flags] TRACE...
 //	tlsf-stress run [flags]
 //	tlsf-stress multi --procs K [flags]
@@ -19,10 +19,30 @@
 // with a decimal point, such as 0.5, is a fraction of the device's total
 // memory.
 //
-// Without arguments the command replays the embedded resnet50 trace, the
-// richest of the three, with all four backends on the GPU, or on the
-// simulated device where there is none, and prints the table described
-// below. It needs nothing but the module: go run ./cmd/tlsf-stress.
+// Without arguments the command replays every embedded trace with all
+// four backends on the GPU, or on the simulated device where there is
+// none, finds each backend's smallest feasible cap (replay --min-cap),
+// and prints the table described below and one verdict line per trace:
+// our best pool backend's min cap over peak live against the best
+// peer's, naming the peer and where its figure comes from, e.g.
+//
+//	verdict resnet50: tlsf-vmm min cap 1.003× live vs 1.029× for the best peer (torch, H200, baseline.json): lower
+//
+// It needs nothing but the module: go run ./cmd/tlsf-stress. Where no
+// GPU is found it says so once, on standard error (--device sim chooses
+// the simulated device without the note). --sim-capacity below the
+// simulated GPU's 2 MiB granularity is refused.
+//
+// The replay table has a row per trace and backend and, below ours, the
+// peers' rows; the "measured" column says where each row's figures come
+// from: "this run (sim)" or "this run (cuda)", or "H200, baseline.json"
+// for the peers' figures recorded on an H200. On the simulated device the
+// header says that our ns/op is host time, not comparable with the
+// peers' GPU times. Every failed replay gets a line under the table with
+// its first error; then come the verdicts (by peak reserved over live
+// where --min-cap was not given). Peers in a verdict are those of
+// baseline.json and, on a GPU, the driver's pool (async) measured by the
+// run.
 //
 // # Backends
 //
@@ -43,7 +63,7 @@
 // # replay
 //
 // replay [--backend LIST] [--cap BYTES|FRACTION] [--min-cap] [--json]
-// [--plot FILE] TRACE...
+// [--plot FILE] [--snapshot FILE] TRACE...
 //
 // A TRACE is a file, told apart by content (package trace): this
 // project's text format, a PyTorch memory snapshot pickle, or an RMM
@@ -66,7 +86,17 @@
 // under which one replay on a fresh allocator has no failed allocation.
 // --plot FILE writes live bytes and each backend's reserved bytes over the
 // first replay (about 2000 samples) as SVG or PNG, by FILE's extension;
-// with several traces, to FILE-TRACE.ext each.
+// with several traces, to FILE-TRACE.ext each (the command names each file
+// it writes). --snapshot FILE replays each trace once more with the first
+// pool backend of --backend, recording its history
+// (pool.Options.History), and writes the pool's snapshot, taken before
+// the blocks left live are freed, as the pickle that PyTorch's
+// torch.cuda.memory._snapshot() returns (pool.Snapshot.WritePickle; with
+// several traces, FILE-TRACE.ext each). PyTorch's viewer renders it:
+// drop it on pytorch.org/memory_viz, or run
+// python3 -m torch.cuda._memory_viz trace_plot FILE -o FILE.html. It is
+// also a trace this command replays. Both paths are checked before the
+// replays start.
 //
 // With --json, replay prints one JSON object per line, per trace and
 // backend, with these fields (bytes are bytes, times ns):

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
+
+	"github.com/gpumem/tlsf/internal/trace"
 
 	"github.com/spf13/cobra"
 )
@@ -55,6 +58,10 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	return exitFailed
 }
 
+// minSimCapacity is the least --sim-capacity: one page of the simulated
+// GPU's default allocation granularity (sim.Config.Granularity, 2 MiB).
+const minSimCapacity = 2 << 20
+
 // globalFlags are the flags every subcommand takes.
 type globalFlags struct {
 	device      string   // "", "cuda" or "sim"
@@ -71,15 +78,18 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 its peers (the driver's cuMemAlloc and cuMemAllocAsync), and stress-tests the
 pool with verified random workloads, on a CUDA GPU or on the simulated H200.
 
-Without a subcommand it replays the embedded ` + defaultTrace + ` trace with every
+Without a subcommand it replays every embedded trace (` + strings.Join(trace.Names(), ", ") + `) with every
 backend, on the GPU when a CUDA driver is found and on the simulated device
-otherwise, and prints the summary.`,
+otherwise, finds each backend's smallest feasible cap (replay --min-cap), and
+prints the table, where each row says where its figures were measured (this
+run, or the peers' H200 figures in baseline.json), and one verdict line per
+trace: our best pool backend against the best peer. It is 'replay --min-cap'.`,
 		Args:          wrapArgs(cobra.NoArgs),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ro.backends = allBackends
-			return runReplay(cmd, g, ro, []string{defaultTrace})
+			ro.backends, ro.minCap = allBackends, true
+			return runReplay(cmd, g, ro, trace.Names())
 		},
 	}
 	root.SetOut(stdout)
@@ -89,6 +99,9 @@ otherwise, and prints the summary.`,
 	pf.StringVar(&g.device, "device", "", "cuda or sim (default: cuda where a CUDA driver and GPU are found, else sim)")
 	pf.Var(&g.simCapacity, "sim-capacity", "memory of the simulated GPU in bytes (suffixes KiB, MiB, GiB, TiB) (default: an H200's 143771 MiB)")
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		if g.simCapacity > 0 && g.simCapacity < minSimCapacity {
+			return usagef("--sim-capacity %d: below the simulated GPU's allocation granularity of %d bytes (2 MiB), no pool could map a page", uint64(g.simCapacity), minSimCapacity)
+		}
 		switch g.device {
 		case "", deviceCUDA, deviceSim:
 			return nil

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"image/png"
 	"io"
 	"os"
@@ -228,15 +229,44 @@ func TestReplayEmbeddedTracesSim(t *testing.T) {
 
 // TestDefaultReplaysResnet50: no subcommand replays the embedded resnet50
 // trace with every backend and prints the table with the peers' figures.
-func TestDefaultReplaysResnet50(t *testing.T) {
+// Without a subcommand: every embedded trace, every backend, the
+// smallest feasible cap, where each figure comes from, and a verdict per
+// trace.
+func TestDefaultReplaysEveryTraceWithMinCapAndVerdicts(t *testing.T) {
 	out, errs, status := cli(t, "--device", "sim")
 	require.Equal(t, exitOK, status, errs)
-	for _, be := range allBackends {
-		assert.Regexp(t, `resnet50\s+`+be+`\s+42915\s`, out)
+	for _, name := range trace.Names() {
+		tr, err := trace.Load(name)
+		require.NoError(t, err)
+		for _, be := range allBackends {
+			// Our rows: measured by this run, with a min cap figure.
+			assert.Regexp(t, name+`\s+`+be+`\s+this run \(sim\)\s+`+fmt.Sprint(len(tr.Ops))+`\s+\d+\s+\d+\s+[\d.]+ GiB\s+[\d.]+\s+1\.\d{3}\s`, out)
+		}
+		assert.Regexp(t, name+`\s+peer torch\s+H200, baseline.json\s`, out)
+		assert.Regexp(t, `(?m)^verdict `+name+`: tlsf-(vmm|chunks) min cap 1\.\d{3}× live vs 1\.\d{3}× for the best peer \(\S+, H200, baseline.json\): (lower|higher|equal)$`, out)
 	}
-	assert.Contains(t, out, "peer torch")
-	assert.Contains(t, out, "warm")
+	assert.Equal(t, len(trace.Names()), strings.Count(out, "verdict "))
+	assert.Contains(t, out, "our ns/op is host time only, not comparable with the peers' GPU")
 	assert.Contains(t, out, "Simulated H200")
+}
+
+// Every line of the table has its columns aligned with the header's,
+// after the first trace too.
+func TestReplayTableStaysAligned(t *testing.T) {
+	out, errs, status := cli(t, "replay", "--device", "sim", "lstm", "tdnn")
+	require.Equal(t, exitOK, status, errs)
+	var header string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "allocator") && strings.Contains(line, "failed") {
+			header = line
+			continue
+		}
+		if header == "" || strings.TrimSpace(line) == "" || strings.HasPrefix(line, "verdict") {
+			continue
+		}
+		require.Equal(t, len([]rune(header)), len([]rune(line)), "line %q vs header %q", line, header)
+	}
+	require.NotEmpty(t, header)
 }
 
 func TestReplayMalformedFileNamesFileAndLine(t *testing.T) {

@@ -29,7 +29,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"text/tabwriter"
 
@@ -119,6 +118,7 @@ type childOpts struct {
 	workloadFlags
 	index    int
 	fraction float64
+	progress io.Writer // where progress lines go every progressInt (nil: none)
 }
 
 // args are the command line of a child process.
@@ -129,7 +129,7 @@ func (o *childOpts) args(g *globalFlags, kind string) []string {
 		"--ops", strconv.FormatInt(o.ops, 10), "--duration", o.duration.String(), "--sizes", o.sizes,
 		"--min-size", o.minSize.String(), "--max-size", o.maxSize.String(), "--slots", strconv.Itoa(o.slots),
 		"--max-live", o.maxLive.String(), "--verify", o.verify, "--stream", o.stream,
-		"--seed", strconv.FormatUint(o.seed, 10), "--progress-interval", "0",
+		"--seed", strconv.FormatUint(o.seed, 10), "--progress-interval", o.progressInt.String(),
 	}
 	if g.simCapacity > 0 {
 		a = append(a, "--sim-capacity", g.simCapacity.String())
@@ -155,6 +155,7 @@ func newMultiChildCmd(g *globalFlags) *cobra.Command {
 			defer ds.close()
 			dev, release := ds.get()
 			defer release()
+			o.progress = cmd.ErrOrStderr() // the parent prefixes it with the child's index
 			res := runChild(cmd.Context(), ds, dev, o)
 			if err := json.NewEncoder(cmd.OutOrStdout()).Encode(res); err != nil {
 				return err
@@ -204,7 +205,13 @@ func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts)
 		fail("%v", err)
 		return res
 	}
-	rep := newStress(ctx, dev, a, cfg).run()
+	s := newStress(ctx, dev, a, cfg)
+	stop := func() {}
+	if o.progress != nil {
+		stop = showProgress(o.progress, s, &o.workloadFlags)
+	}
+	rep := s.run()
+	stop()
 	res.runResult = summarize(ds, dev, a, &o.workloadFlags, rep)
 	if err := a.close(); err != nil {
 		fail("closing the pool: %v", err)
@@ -250,6 +257,7 @@ func runMulti(cmd *cobra.Command, g *globalFlags, o *multiOpts) error {
 		for i := range o.procs {
 			c := co
 			c.index, c.seed = i, o.seed+uint64(i)
+			c.progress = &prefixWriter{w: errw, prefix: fmt.Sprintf("[proc %d] ", i)}
 			dev := sd
 			if i > 0 {
 				dev = sd.NewProcess()
@@ -405,7 +413,4 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 		}
 	}
 	fmt.Fprintf(w, "out-of-memory errors: %d in all (expected when oversubscribed; each one a clean ErrOutOfMemory)\n", ooms)
-	if strings.TrimSpace(ds.note) != "" {
-		fmt.Fprintln(w, "note:", ds.note)
-	}
 }

@@ -15,9 +15,10 @@ import (
 
 // plotReplays writes, per trace, live bytes and each backend's reserved
 // bytes over the first replay (op index on x, GiB on y). With one trace
-// the plot goes to file; with several, to FILE-TRACE.ext each. The format
-// is the file's extension, .svg or .png.
-func plotReplays(file string, traces []*trace.Trace, results []*replayResult) error {
+// the plot goes to file; with several, to FILE-TRACE.ext each, and say
+// is told each file written. The format is the file's extension, .svg or
+// .png.
+func plotReplays(file string, traces []*trace.Trace, results []*replayResult, say func(string)) error {
 	for _, t := range traces {
 		name := file
 		if len(traces) > 1 {
@@ -33,6 +34,7 @@ func plotReplays(file string, traces []*trace.Trace, results []*replayResult) er
 		if err := plotTrace(name, t.Name, rs); err != nil {
 			return fmt.Errorf("--plot %s: %w", name, err)
 		}
+		say(fmt.Sprintf("plot of %s: %s", t.Name, name))
 	}
 	return nil
 }

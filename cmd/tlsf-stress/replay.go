@@ -4,15 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"maps"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/gpumem/tlsf/device"
@@ -42,6 +39,7 @@ type replayOpts struct {
 	json     bool
 	plot     string
 	repeat   int // timed warm replays (--repeat)
+	snapshot string // --snapshot FILE (snapshot.go)
 }
 
 func newReplayCmd(g *globalFlags) *cobra.Command {
@@ -66,7 +64,18 @@ line:
 
 A cap (--cap) is bytes with an optional suffix (KiB, MiB, GiB, TiB; K, M, G,
 T), or, written with a decimal point, a fraction of the device's memory:
---cap 0.5 is half of it, --cap 1 is one byte.`,
+--cap 0.5 is half of it, --cap 1 is one byte.
+
+The table's "measured" column says where each row comes from: this run, or
+the peers' figures recorded on an H200 (baseline.json). A failed replay's
+first error is printed under the table, and each trace ends with a verdict
+line: our best pool backend against the best peer, by min cap over peak live
+with --min-cap, else by peak reserved over peak live.
+
+--snapshot FILE writes, per trace, a PyTorch memory snapshot of one more
+replay with the first pool backend (the pickle of torch.cuda.memory._snapshot(),
+history included): open it at pytorch.org/memory_viz, or run
+python3 -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.`,
 		Args: wrapArgs(cobra.ArbitraryArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
@@ -79,6 +88,17 @@ T), or, written with a decimal point, a fraction of the device's memory:
 			if o.plot != "" {
 				if ext := strings.ToLower(filepath.Ext(o.plot)); ext != ".svg" && ext != ".png" {
 					return usagef("--plot %q: the file name must end in .svg or .png", o.plot)
+				}
+				if err := checkOutputPath("--plot", o.plot); err != nil {
+					return err
+				}
+			}
+			if o.snapshot != "" {
+				if err := checkOutputPath("--snapshot", o.snapshot); err != nil {
+					return err
+				}
+				if _, ok := snapshotBackend(o.backends); !ok {
+					return usagef("--snapshot needs a pool backend (%s) in --backend", strings.Join(poolBackends, ", "))
 				}
 			}
 			if len(args) == 0 {
@@ -94,6 +114,7 @@ T), or, written with a decimal point, a fraction of the device's memory:
 	f.BoolVar(&o.json, "json", false, "print one JSON object per trace and backend (schema in the package doc) instead of a table")
 	f.IntVar(&o.repeat, "repeat", 1, "timed warm replays per trace and backend; above 1, JSON adds their median and minimum ns/op")
 	f.StringVar(&o.plot, "plot", "", "write live and reserved bytes over the first replay to `FILE` (.svg or .png; with several traces, FILE-TRACE.ext)")
+	f.StringVar(&o.snapshot, "snapshot", "", "replay each trace once more with the first pool backend, recording its history, and write a PyTorch memory snapshot (the pickle of torch.cuda.memory._snapshot(), for pytorch.org/memory_viz) to `FILE` (with several traces, FILE-TRACE.ext)")
 	return cmd
 }
 
@@ -195,7 +216,12 @@ func runReplay(cmd *cobra.Command, g *globalFlags, o *replayOpts, args []string)
 		printReplayTable(out, ds, results)
 	}
 	if o.plot != "" {
-		if err := plotReplays(o.plot, traces, results); err != nil {
+		if err := plotReplays(o.plot, traces, results, func(s string) { fmt.Fprintln(errw, "tlsf-stress:", s) }); err != nil {
+			return err
+		}
+	}
+	if o.snapshot != "" {
+		if err := writeSnapshots(ds, traces, o, func(s string) { fmt.Fprintln(errw, "tlsf-stress:", s) }); err != nil {
 			return err
 		}
 	}
@@ -394,61 +420,6 @@ func replayTrace(t *trace.Trace, a replayAllocator, every int) (replay.Result, [
 		return err
 	})
 	return res, series, err
-}
-
-// printReplayTable writes the results as a table per trace, with the
-// peers' figures on the H200 (trace.Baselines) below ours.
-func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
-	fmt.Fprintf(w, "Replay on %s (%s). ns/op is the warm cost per alloc or free: each trace is\n", ds.name(), ds.kind)
-	fmt.Fprintln(w, "replayed once to warm the allocator, then again on it, timed; peers' figures are warm too.")
-	sd := ds.kind == deviceSim
-	if sd {
-		fmt.Fprintln(w, "On the simulated device ns/op is host time only; drv ns/op is the modelled driver time per op.")
-	}
-	baselines, _ := trace.Baselines()
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "trace\tbackend\tops\tns/op\t"
-	if sd {
-		head += "drv ns/op\t"
-	}
-	head += "peak reserved\treserved/live\tmin cap/live\tdevice calls\tfailed\t"
-	fmt.Fprintln(tw, head)
-	last := ""
-	for i, r := range results {
-		if r.Trace != last && i > 0 {
-			fmt.Fprintln(tw, "\t")
-		}
-		last = r.Trace
-		row := fmt.Sprintf("%s\t%s\t%d\t%.0f\t", r.Trace, r.Backend, r.Ops, r.NsPerOp)
-		if sd {
-			row += fmt.Sprintf("%s\t", optFloat(r.DeviceNsPerOp, "%.0f"))
-		}
-		row += fmt.Sprintf("%s\t%.3f\t%s\t%d\t%d\t", gib(r.PeakReservedBytes), r.ReservedOverLive, optFloat(r.MinCapOverLive, "%.3f"), r.DeviceCalls, r.FailedAllocs)
-		fmt.Fprintln(tw, row)
-		if i+1 < len(results) && results[i+1].Trace == r.Trace {
-			continue
-		}
-		bl, ok := baselines[r.Trace]
-		if !ok {
-			continue
-		}
-		for _, name := range slices.Sorted(maps.Keys(bl.Peers)) {
-			p := bl.Peers[name]
-			row := fmt.Sprintf("%s\tpeer %s\t%d\t%s\t", r.Trace, name, bl.Ops, zeroDash(p.WarmNsPerOp, "%.0f"))
-			if sd {
-				row += "\t"
-			}
-			rsv := "-"
-			if p.PeakReservedBytes > 0 {
-				rsv = gib(p.PeakReservedBytes)
-			}
-			row += fmt.Sprintf("%s\t%s\t%s\t\t\t", rsv, zeroDash(p.PeakReservedOverLive, "%.3f"), zeroDash(p.MinCapOverLive, "%.3f"))
-			fmt.Fprintln(tw, row)
-		}
-	}
-	tw.Flush()
-	fmt.Fprintln(w, "peer rows: H200 figures recorded once elsewhere (internal/trace/data/baseline.json; peak live as the trace sizes it);")
-	fmt.Fprintln(w, "bench/peers/run.sh measures every peer side by side with this pool (bench/RESULTS.md).")
 }
 
 func optFloat(v *float64, format string) string {

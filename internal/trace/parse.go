@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"unicode/utf8"
 )
 
 // Input limits. They bound the memory a hostile or runaway input can make
@@ -88,11 +89,37 @@ func Parse(name string, r io.Reader) (*Trace, error) {
 	if first[0] == pickleProto {
 		return parsePickle(name, head)
 	}
+	if b, ok := binaryStart(head); ok {
+		return nil, atByte(name, 0, "not a trace this package reads (text, PyTorch snapshot pickle, or RMM CSV, each plain or gzip): binary data (begins % x)", b)
+	}
 	in := &limitReader{r: head, left: MaxInputBytes, name: name}
 	if isCSV(head) {
 		return parseCSV(name, in)
 	}
 	return parseText(name, in)
+}
+
+// binaryStart reports whether the input begins with binary data rather
+// than text: a NUL or another control character other than tab, CR, LF
+// and form feed, or bytes that are not UTF-8, in its first 512 bytes. It
+// returns the first 8 bytes to show.
+func binaryStart(r *bufio.Reader) ([]byte, bool) {
+	buf, _ := r.Peek(512)
+	show := buf[:min(len(buf), 8)]
+	for i := 0; i < len(buf); {
+		c, n := utf8.DecodeRune(buf[i:])
+		if c == utf8.RuneError && n <= 1 {
+			if len(buf)-i < utf8.UTFMax && !utf8.FullRune(buf[i:]) {
+				break // a rune cut by the end of the peek
+			}
+			return show, true
+		}
+		if c < 0x20 && c != '\t' && c != '\r' && c != '\n' && c != '\f' {
+			return show, true
+		}
+		i += n
+	}
+	return nil, false
 }
 
 // isCSV reports whether the first line of r, as far as a buffer reaches,

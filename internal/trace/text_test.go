@@ -64,7 +64,9 @@ func TestMalformedText(t *testing.T) {
 		{"empty input", f, nil, 0, 0, "empty input"},
 		{"blanks only", f, []byte("\n  \n"), 2, -1, "empty input"},
 		{"line too long", f, []byte("a 1 1 0\n" + long), 2, -1, "line longer than 65536 bytes"},
-		{"binary junk", f, []byte{0, 1, 2, 3}, 1, -1, "unknown record"},
+		{"binary junk", f, []byte{0, 1, 2, 3}, 0, 0, "binary data (begins 00 01 02 03)"},
+		{"binary after a text line", f, []byte("a 1 10 0\n\xff\xfe\x00junk"), 0, 0, "binary data"},
+		{"a text line that is not a trace", f, []byte("hello world\n"), 1, -1, `unknown record "hello"`},
 	})
 }
 

@@ -1,0 +1,175 @@
+package main
+
+// The replay report: one table for all traces, a line per allocator
+// failure, and a verdict per trace.
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/gpumem/tlsf/internal/trace"
+)
+
+// baselineSource says where the peers' figures come from.
+const baselineSource = "H200, baseline.json"
+
+// printReplayTable writes the results as one table, our rows of each
+// trace followed by the peers' figures on the H200 (trace.Baselines),
+// each row saying where its figures were measured; then the reason of
+// every failed replay and one verdict line per trace.
+func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
+	sd := ds.kind == deviceSim
+	here := "this run (" + ds.kind + ")"
+	fmt.Fprintf(w, "Replay on %s (%s). ns/op is the warm cost per alloc or free: each trace is\n", ds.name(), ds.kind)
+	fmt.Fprintln(w, "replayed once to warm the allocator, then again on it, timed; peers' figures are warm too.")
+	fmt.Fprintf(w, "Rows measured %q come from this replay; rows measured %q are peers'\n", here, baselineSource)
+	fmt.Fprintln(w, "figures recorded on an NVIDIA H200 (internal/trace/data/baseline.json), peak live as the trace sizes it;")
+	fmt.Fprintln(w, "bench/peers/run.sh measures every peer side by side with this pool (bench/RESULTS.md).")
+	if sd {
+		fmt.Fprintln(w, "On the simulated device our ns/op is host time only, not comparable with the peers' GPU")
+		fmt.Fprintln(w, "times; drv ns/op is the modelled driver time per op. Async on the simulated device never")
+		fmt.Fprintln(w, "fragments: its memory figures are lower bounds.")
+	}
+	baselines, _ := trace.Baselines()
+	cols := []string{"trace", "allocator", "measured", "ops", "ns/op"}
+	if sd {
+		cols = append(cols, "drv ns/op")
+	}
+	cols = append(cols, "peak reserved", "reserved/live", "min cap/live", "device calls", "failed")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(cells ...string) {
+		// Every row has every cell, the separator rows too: tabwriter
+		// aligns a column only over consecutive lines that have it.
+		for len(cells) < len(cols) {
+			cells = append(cells, "")
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t")
+	}
+	row(cols...)
+	for i, r := range results {
+		if i > 0 && r.Trace != results[i-1].Trace {
+			row()
+		}
+		cells := []string{r.Trace, r.Backend, here, fmt.Sprint(r.Ops), fmt.Sprintf("%.0f", r.NsPerOp)}
+		if sd {
+			cells = append(cells, optFloat(r.DeviceNsPerOp, "%.0f"))
+		}
+		failed := fmt.Sprint(r.FailedAllocs)
+		if r.FailedAllocs > 0 {
+			failed += " (see below)"
+		}
+		cells = append(cells, gib(r.PeakReservedBytes), fmt.Sprintf("%.3f", r.ReservedOverLive),
+			optFloat(r.MinCapOverLive, "%.3f"), fmt.Sprint(r.DeviceCalls), failed)
+		row(cells...)
+		if i+1 < len(results) && results[i+1].Trace == r.Trace {
+			continue
+		}
+		bl, ok := baselines[r.Trace]
+		if !ok {
+			continue
+		}
+		for _, name := range slices.Sorted(maps.Keys(bl.Peers)) {
+			p := bl.Peers[name]
+			cells := []string{r.Trace, "peer " + name, baselineSource, fmt.Sprint(bl.Ops), zeroDash(p.WarmNsPerOp, "%.0f")}
+			if sd {
+				cells = append(cells, "")
+			}
+			rsv := "-"
+			if p.PeakReservedBytes > 0 {
+				rsv = gib(p.PeakReservedBytes)
+			}
+			row(append(cells, rsv, zeroDash(p.PeakReservedOverLive, "%.3f"), zeroDash(p.MinCapOverLive, "%.3f"))...)
+		}
+	}
+	tw.Flush()
+	for _, r := range results {
+		if r.FailedAllocs > 0 || r.WarmFailedAllocs > 0 || r.FirstError != "" {
+			fmt.Fprintf(w, "%s %s: %d allocations failed in the first replay, %d in the second; first error: %s\n",
+				r.Trace, r.Backend, r.FailedAllocs, r.WarmFailedAllocs, r.FirstError)
+		}
+	}
+	for _, line := range verdicts(ds, results, baselines) {
+		fmt.Fprintln(w, line)
+	}
+}
+
+// verdicts returns one line per trace: our best pool backend against the
+// best peer, by the smallest feasible cap where --min-cap ran, else by
+// peak reserved memory, both over peak live bytes. Peers are the H200
+// figures of baseline.json and, on a GPU, the driver's pool measured
+// here (on the simulated device its figures are a lower bound, left
+// out).
+func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.Baseline) []string {
+	var out []string
+	var order []string
+	byTrace := map[string][]*replayResult{}
+	for _, r := range results {
+		if _, ok := byTrace[r.Trace]; !ok {
+			order = append(order, r.Trace)
+		}
+		byTrace[r.Trace] = append(byTrace[r.Trace], r)
+	}
+	for _, name := range order {
+		rs := byTrace[name]
+		byCap := true
+		for _, r := range rs {
+			byCap = byCap && r.MinCapOverLive != nil
+		}
+		metric, ours := "peak reserved", func(r *replayResult) float64 { return r.ReservedOverLive }
+		peerMetric := func(p trace.Peer) float64 { return p.PeakReservedOverLive }
+		if byCap {
+			metric, ours = "min cap", func(r *replayResult) float64 { return *r.MinCapOverLive }
+			peerMetric = func(p trace.Peer) float64 { return p.MinCapOverLive }
+		}
+		var best *replayResult
+		for _, r := range rs {
+			if r.Backend != backendVMM && r.Backend != backendChunks {
+				continue
+			}
+			if best == nil || ours(r) < ours(best) {
+				best = r
+			}
+		}
+		if best == nil {
+			continue
+		}
+		peerName, peerVal, peerFrom := "", 0.0, ""
+		consider := func(n string, v float64, from string) {
+			if v > 0 && (peerName == "" || v < peerVal) {
+				peerName, peerVal, peerFrom = n, v, from
+			}
+		}
+		for _, n := range slices.Sorted(maps.Keys(baselines[name].Peers)) {
+			consider(n, peerMetric(baselines[name].Peers[n]), baselineSource)
+		}
+		if ds.kind == deviceCUDA {
+			for _, r := range rs {
+				if r.Backend == backendAsync {
+					consider(r.Backend, ours(r), "measured here")
+				}
+			}
+		}
+		line := fmt.Sprintf("verdict %s: %s %s %.3f× live", name, best.Backend, metric, ours(best))
+		if peerName != "" {
+			cmp := "lower"
+			switch {
+			case ours(best) > peerVal:
+				cmp = "higher"
+			case ours(best) == peerVal:
+				cmp = "equal"
+			}
+			line += fmt.Sprintf(" vs %.3f× for the best peer (%s, %s): %s", peerVal, peerName, peerFrom, cmp)
+		} else {
+			line += " (no peer figure to compare)"
+		}
+		if best.FailedAllocs > 0 && best.CapBytes == 0 {
+			line += fmt.Sprintf("; %d allocations FAILED", best.FailedAllocs)
+		}
+		out = append(out, line)
+	}
+	return out
+}

@@ -1,0 +1,234 @@
+package pool
+
+// What a user watches an allocator with: the out-of-memory hook and
+// message, log events (Options.Logger), and Size. History and snapshots
+// are in history.go and snapshot.go.
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+
+	"github.com/gpumem/tlsf/tlsf"
+)
+
+// retryAfterHook runs Options.OnOutOfMemory without the pool's lock, then
+// the out-of-memory path once more: flush the caches (the hook's frees
+// may have landed there), wait for pending frees, release unused memory,
+// search and grow. It reports done when that settled the request, with
+// its block or a final error other than out-of-memory. Pool lock held on
+// entry and on return, even if the hook panics.
+func (p *Pool) retryAfterHook(size, align uint64) (b tlsf.Block, err error, done bool) {
+	if err := p.runOOMHook(size); err != nil {
+		return tlsf.Block{}, err, true
+	}
+	p.c.retries++
+	p.flushCaches()
+	_ = p.pollPending(true)
+	if _, rerr := p.releaseUnused(math.MaxUint64); rerr != nil {
+		return tlsf.Block{}, fmt.Errorf("pool: releasing unused memory: %w", rerr), true
+	}
+	if b, err := p.search(size, align); err == nil {
+		return b, nil, true
+	}
+	b, err = p.growAndSearch(size, align)
+	if err == nil || !retryable(err) {
+		return b, p.growError(size, err), true
+	}
+	return tlsf.Block{}, nil, false
+}
+
+// runOOMHook calls Options.OnOutOfMemory with the pool's lock released,
+// and takes it again, even if the hook panics. Errors: ErrClosed (the
+// hook, or another goroutine meanwhile, closed the pool).
+func (p *Pool) runOOMHook(size uint64) error {
+	hook := p.opts.OnOutOfMemory
+	p.mu.Unlock()
+	func() {
+		defer p.mu.Lock()
+		hook(size)
+	}()
+	if p.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// oomError builds ErrOutOfMemory's message for a request of size bytes:
+// the request, allocated and reserved bytes, the cap, the largest block
+// the pool could allocate now and the device's free memory. Pool lock
+// held.
+func (p *Pool) oomError(size uint64, cause error) error {
+	free, total, _ := p.dev.MemGetInfo()
+	limit := "no cap"
+	if capped, c := p.capFrom(free); capped {
+		limit = "cap " + sizeString(c)
+	}
+	largest := p.largestAllocatable(free)
+	space := ""
+	if p.pt == nil {
+		space = fmt.Sprintf(" (the index's largest free block: %s of address space)", sizeString(p.x.LargestFree()))
+	}
+	msg := fmt.Sprintf("request of %s; allocated %s, reserved %s (%s); largest block that could be allocated %s%s; device free %s of %s",
+		sizeString(size), sizeString(p.c.allocated), sizeString(p.reserved()), limit,
+		sizeString(largest), space, sizeString(free), sizeString(total))
+	p.logOOM(size, free, largest)
+	if isOOM(cause) {
+		return fmt.Errorf("%w: %s: %w", ErrOutOfMemory, msg, cause)
+	}
+	return fmt.Errorf("%w: %s", ErrOutOfMemory, msg)
+}
+
+// largestAllocatable returns about the largest block the pool could
+// allocate now, given the device's free memory: a free block whose
+// unbacked pages could be mapped within the cap and the device's free
+// memory, or new memory (within the same). Exact up to the index's
+// size-class rounding. Pool lock held.
+func (p *Pool) largestAllocatable(free uint64) uint64 {
+	headroom := free
+	if capped, limit := p.capFrom(free); capped {
+		headroom = min(headroom, limit-min(limit, p.reserved()))
+	}
+	if p.pt != nil {
+		return headroom
+	}
+	if h, ok := p.heap.(*vmmHeap); ok {
+		return h.largestAllocatable((headroom + h.spare()) / h.gran)
+	}
+	return max(p.x.LargestFree(), headroom/chunkGranularity*chunkGranularity)
+}
+
+// largestAllocatable returns the longest piece of a free block (the free
+// top of the range extended to its end) whose unbacked pages number at
+// most k.
+func (h *vmmHeap) largestAllocatable(k uint64) uint64 {
+	var best uint64
+	top := h.base + h.vsize
+	scan := func(a, end uint64) {
+		first, last := (a-h.base)/h.gran, (end-h.base+h.gran-1)/h.gran
+		unbacked := func(pg uint64) bool {
+			return pg >= uint64(len(h.mapped)) || h.pageAddr(pg) >= h.end || !h.mapped[pg] || h.stray[pg]
+		}
+		var holes uint64
+		i := first
+		for j := first; j < last; j++ {
+			if unbacked(j) {
+				holes++
+			}
+			for holes > k {
+				if unbacked(i) {
+					holes--
+				}
+				i++
+			}
+			lo, hi := max(a, h.pageAddr(i)), min(end, h.pageAddr(j+1))
+			if hi > lo {
+				best = max(best, hi-lo)
+			}
+		}
+	}
+	tail := h.end // start of the free space at the top of the range
+	h.x.Walk(func(b tlsf.Block) bool {
+		if !b.Free {
+			return true
+		}
+		if b.Addr+b.Size == h.end {
+			tail = b.Addr
+			return true
+		}
+		scan(b.Addr, b.Addr+b.Size)
+		return true
+	})
+	if tail < top {
+		scan(tail, top)
+	}
+	return best
+}
+
+// Size returns the usable size in bytes of the live allocation at ptr:
+// its block's size-class size (at least what was requested; pitch ×
+// height for AllocPitch), or, in a passthrough pool, what the driver
+// allocated. Safe for concurrent use; it takes the pool's lock.
+//
+// Errors: ErrUnknownPointer (not a pointer the pool returned, or inside
+// an allocation), ErrDoubleFree (freed already), ErrClosed.
+func (p *Pool) Size(ptr uintptr) (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0, ErrClosed
+	}
+	if p.pt != nil {
+		if n, ok := p.pt.live[ptr]; ok {
+			return n, nil
+		}
+		if _, ok := p.pt.freed[ptr]; ok {
+			return 0, fmt.Errorf("%w: %#x", ErrDoubleFree, ptr)
+		}
+		return 0, fmt.Errorf("%w: %#x", ErrUnknownPointer, ptr)
+	}
+	if ptr%indexGranularity != 0 {
+		return 0, fmt.Errorf("%w: %#x is not %d-byte aligned", ErrUnknownPointer, ptr, indexGranularity)
+	}
+	b, err := p.x.Lookup(uint64(ptr))
+	if err != nil {
+		return 0, translate(err)
+	}
+	switch m := p.meta[b.ID]; {
+	case m.state == stateLive:
+		return b.Size, nil
+	case m.state == stateCached && p.cache.handedOut(m.owner, b.Addr):
+		return b.Size, nil
+	}
+	return 0, fmt.Errorf("%w: %#x", ErrDoubleFree, ptr)
+}
+
+// handedOut reports whether cache owner handed out the block at addr (it
+// is live), rather than holding it free. Pool lock held.
+func (c *cacheSet) handedOut(owner uint32, addr uint64) bool {
+	if int(owner) >= len(c.ps) {
+		return false
+	}
+	pc := &c.ps[owner]
+	pc.lockWait()
+	_, ok := pc.live.Get(addr)
+	pc.unlock()
+	return ok
+}
+
+// Log events (Options.Logger): growth and release at Debug, Trim at
+// Info, out of memory at Warn; sizes in bytes. Pool lock held: a handler
+// must not call the pool.
+
+func (p *Pool) logEvent(level slog.Level, msg string, attrs ...slog.Attr) {
+	l := p.opts.Logger
+	if l == nil || !l.Enabled(context.Background(), level) {
+		return
+	}
+	attrs = append(attrs, slog.Uint64("reserved", p.reserved()), slog.Uint64("allocated", p.c.allocated))
+	l.LogAttrs(context.Background(), level, msg, attrs...)
+}
+
+// noteGrow records a growth that added n bytes of reserved memory.
+func (p *Pool) noteGrow(n uint64) {
+	p.logEvent(slog.LevelDebug, "tlsf pool: grew", slog.Uint64("bytes", n), slog.String("backend", p.backend.String()))
+}
+
+// noteRelease records a release of n bytes to the driver.
+func (p *Pool) noteRelease(n uint64) {
+	p.logEvent(slog.LevelDebug, "tlsf pool: released", slog.Uint64("bytes", n))
+}
+
+func (p *Pool) logTrim(n uint64, err error) {
+	attrs := []slog.Attr{slog.Uint64("bytes", n)}
+	if err != nil {
+		attrs = append(attrs, slog.String("error", err.Error()))
+	}
+	p.logEvent(slog.LevelInfo, "tlsf pool: trim", attrs...)
+}
+
+func (p *Pool) logOOM(size, free, largest uint64) {
+	p.logEvent(slog.LevelWarn, "tlsf pool: out of memory", slog.Uint64("request", size),
+		slog.Uint64("device_free", free), slog.Uint64("largest_allocatable", largest))
+}
