@@ -41,6 +41,9 @@ const (
 	CallMemPoolTrimTo
 	CallMemPoolGetAttribute
 	CallMemPoolSetAttribute
+	// Several GPUs (PeerAccessor, peer.go).
+	CallCtxEnablePeerAccess
+	CallMemcpyDtoDAsync
 	NumCalls // the number of Call kinds; not a call
 )
 
@@ -73,6 +76,8 @@ var callNames = [NumCalls]string{
 	CallMemPoolTrimTo:       "cuMemPoolTrimTo",
 	CallMemPoolGetAttribute: "cuMemPoolGetAttribute",
 	CallMemPoolSetAttribute: "cuMemPoolSetAttribute",
+	CallCtxEnablePeerAccess: "cuCtxEnablePeerAccess",
+	CallMemcpyDtoDAsync:     "cuMemcpyDtoDAsync",
 }
 
 // String returns the driver entry point's name, e.g. "cuMemAlloc".
