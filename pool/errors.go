@@ -37,4 +37,9 @@ var (
 	ErrClosed = errors.New("pool: closed")
 	// ErrBadOptions: an Options field out of range.
 	ErrBadOptions = errors.New("pool: bad options")
+	// ErrNoPeerAccess: a device named in Options.PeerAccess or
+	// GrantPeerAccess cannot access the pool's device: the device is not
+	// a device.PeerAccessor, or cuDeviceCanAccessPeer says no. The message
+	// names the pair.
+	ErrNoPeerAccess = errors.New("pool: no peer access")
 )

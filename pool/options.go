@@ -118,6 +118,18 @@ type Options struct {
 
 	// Cache configures the per-P small-block caches (see Cache).
 	Cache CacheOptions
+
+	// PeerAccess is the set of device ordinals (of the same host) that may read
+	// and write the pool's memory, e.g. for cuMemcpyDtoDAsync issued on
+	// another GPU. A VMM pool grants each of them access to every mapping,
+	// present and future (cuMemSetAccess with one CUmemAccessDesc per
+	// device); a chunk or passthrough pool enables peer access on the
+	// context (cuCtxEnablePeerAccess). The pool's own ordinal is a no-op.
+	// New fails with ErrNoPeerAccess, naming the pair, when the device is
+	// not a device.PeerAccessor or a listed device cannot access it
+	// (cuDeviceCanAccessPeer). Default nil: the pool's device alone. See
+	// also Pool.GrantPeerAccess, which takes any ordinal. (peers.go)
+	PeerAccess DeviceSet
 }
 
 // CacheOptions configure the per-P caches that serve small blocks without

@@ -55,6 +55,8 @@ type Pool struct {
 	lockedFree int // frees under the lock since the last policy check
 
 	cache *cacheSet // nil when caches are off
+
+	peers []int // devices granted access besides dev (peers.go)
 }
 
 // counters are the pool's statistics kept under its lock.
@@ -108,6 +110,9 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 	}
 	if p.backend == BackendPassthrough {
 		p.pt = newPassthrough()
+		if err := p.setupPeers(o.PeerAccess.Ordinals()); err != nil {
+			return nil, err
+		}
 		return p, nil
 	}
 	switch p.backend {
@@ -120,6 +125,10 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 		}
 	case BackendChunks:
 		p.heap = newChunkHeap(p.dev, p.x)
+	}
+	if err := p.setupPeers(o.PeerAccess.Ordinals()); err != nil {
+		_ = p.heap.close()
+		return nil, err
 	}
 	if o.InitialFraction > 0 {
 		g := p.heap.granularity()

@@ -47,6 +47,8 @@ type vmmHeap struct {
 	// next mapping: moving a page costs cuMemUnmap and cuMemMap instead of
 	// also cuMemRelease and cuMemCreate. They count as reserved.
 	spares []device.MemHandle
+	// peers are other devices granted access to every mapping (peers.go).
+	peers []int
 }
 
 func newVMMHeap(dev *counted, x *tlsf.Index, vsize, total uint64) (*vmmHeap, error) {
@@ -161,7 +163,7 @@ func (h *vmmHeap) mapRun(first, n, least uint64) (uint64, error) {
 	if done == 0 {
 		return 0, err
 	}
-	if aerr := h.dev.MemSetAccess(uintptr(h.pageAddr(first)), done*h.gran); aerr != nil {
+	if aerr := h.setAccess(uintptr(h.pageAddr(first)), done*h.gran); aerr != nil {
 		h.unmapOrStray(first, done)
 		return 0, aerr
 	}
