@@ -127,6 +127,29 @@
 // cached_blocks, fragmentation, reserved_bytes, at the end), problem_count,
 // problems (the first 20), error_count, errors, ok.
 //
+// # run --devices
+//
+// run --devices 0,1 [run's flags] runs the workload across several GPUs
+// of one host (peer.go): a pool per listed device (pool.Devices), each
+// granting the others access (pool.Options.PeerAccess). Goroutine g
+// allocates a block on device list[g mod n] and one of the same size on
+// list[(g+1) mod n], fills the first (cuMemsetD32), copies it into the
+// second with cuMemcpyDtoDAsync issued on the second's device, and reads
+// the copy back there before freeing both; a refused copy, a wrong word or
+// an overlap is a problem. --devices 0 runs it on one GPU (copies within
+// it). On a GPU, the run ends by timing 20 copies of min(256 MiB, total/16)
+// from list[0] to list[1 mod n] between pool blocks and between plain
+// cuMemAlloc blocks with peer access enabled (what cudaMemcpyPeer does).
+// Backends: tlsf-vmm, tlsf-chunks, passthrough. On the simulated device
+// the GPUs are those of a sim.Host. --json prints one object: device,
+// device_kind, devices, backend, goroutines, verify, ops, allocs, frees,
+// out_of_memory, copies, peer_copies, copied_bytes, elapsed_s, ops_per_s,
+// verified_blocks, verified_bytes, peak_live_bytes, per_device (ordinal,
+// peak_reserved_bytes, device_calls, device_calls_by_name, peer_access),
+// workload_device_calls, copy_bench_bytes, pool_copy_gbps,
+// plain_copy_gbps, copy_ratio (GPU only, else 0), problem_count,
+// problems, error_count, errors, ok.
+//
 // # multi
 //
 // multi --procs K [--fraction F] [--oversubscribe X] [--exec] [run's flags]
