@@ -56,7 +56,8 @@ type Pool struct {
 
 	cache *cacheSet // nil when caches are off
 
-	peers []int // devices granted access besides dev (peers.go)
+	peers []int   // devices granted access besides dev (peers.go)
+	oom   oomMemo // the last request the out-of-memory path failed (share.go)
 }
 
 // counters are the pool's statistics kept under its lock.
@@ -354,23 +355,44 @@ func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
 	if err == nil || !retryable(err) {
 		return b, p.growError(size, err)
 	}
-	// Out of memory: flush the caches, wait for pending frees, return
-	// unused memory, then search again and grow once more. The cap is
-	// checked only now, after what was cached is released.
+	// Out of memory (share.go): unless a request at least this large just
+	// failed and nothing was freed since, flush the caches, wait for
+	// pending frees, search again, move what the request needs from under
+	// free blocks to the spares, and grow once more.
+	if p.remembered(size) {
+		p.c.ooms++
+		return tlsf.Block{}, p.oomError(size, err)
+	}
 	p.c.retries++
 	p.flushCaches()
 	_ = p.pollPending(true)
-	if _, rerr := p.releaseUnused(math.MaxUint64); rerr != nil {
+	if b, err := p.searchRecycling(size, align); err == nil || !retryable(err) {
+		if err == nil {
+			p.oom = oomMemo{}
+		}
+		return b, err
+	}
+	if !p.mayRecycle(size) {
+		p.c.ooms++
+		p.rememberOOM(size)
+		return tlsf.Block{}, p.oomError(size, err)
+	}
+	if _, rerr := p.releaseFor(size, align); rerr != nil {
 		return tlsf.Block{}, fmt.Errorf("pool: releasing unused memory: %w", rerr)
 	}
 	if b, err := p.search(size, align); err == nil {
+		p.oom = oomMemo{}
 		return b, nil
 	}
 	b, err = p.growAndSearch(size, align)
 	if err == nil || !retryable(err) {
+		if err == nil {
+			p.oom = oomMemo{}
+		}
 		return b, p.growError(size, err)
 	}
 	p.c.ooms++
+	p.rememberOOM(size)
 	return tlsf.Block{}, p.oomError(size, err)
 }
 
@@ -415,20 +437,23 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	if err := p.makeRoom(need + tail); err != nil {
 		return tlsf.Block{}, err
 	}
-	free, _, err := p.dev.MemGetInfo()
-	if err != nil {
-		return tlsf.Block{}, err
-	}
 	g := p.heap.granularity()
 	// Spare physical memory maps first and is reserved already: only what
 	// it does not cover adds to reserved, and needs the driver.
 	spare := p.heap.spare()
 	res := p.reserved() - min(p.reserved(), spare)
+	// The cap needs no driver call (share.go): check it first, so that a
+	// pool at its cap fails without one.
+	capped, limit := p.capFrom(0)
+	if capped && res+need+tail > limit {
+		return tlsf.Block{}, errNoRoom
+	}
+	free, _, err := p.dev.MemGetInfo()
+	if err != nil {
+		return tlsf.Block{}, err
+	}
 	want := roundUp(max(need, uint64(p.opts.GrowFraction*float64(free))), g)
-	if capped, limit := p.capFrom(free); capped {
-		if res+need+tail > limit {
-			return tlsf.Block{}, errNoRoom
-		}
+	if capped {
 		want = max(need, min(want, (limit-res-tail)/g*g))
 	}
 	if need+tail > free+spare {
@@ -445,20 +470,15 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 }
 
 // cap returns whether reserved memory is capped, and the cap in bytes.
+// It makes no driver call; the error is always nil.
 func (p *Pool) cap() (bool, uint64, error) {
-	if p.opts.MaxFraction >= 1 && p.opts.MaxBytes == 0 {
-		return false, 0, nil
-	}
-	free, _, err := p.dev.MemGetInfo()
-	if err != nil {
-		return false, 0, err
-	}
-	capped, limit := p.capFrom(free)
+	capped, limit := p.capFrom(0)
 	return capped, limit, nil
 }
 
-// capFrom computes the cap given the device's free memory: MaxBytes and
-// MaxFraction × (free + reserved), whichever is smaller.
+// capFrom computes the cap: MaxBytes and MaxFraction × the device's total
+// memory, whichever is smaller. free is unused since the cap became a
+// fraction of total memory (share.go).
 func (p *Pool) capFrom(free uint64) (bool, uint64) {
 	limit := uint64(math.MaxUint64)
 	capped := false
@@ -466,8 +486,8 @@ func (p *Pool) capFrom(free uint64) (bool, uint64) {
 		limit, capped = p.opts.MaxBytes, true
 	}
 	if p.opts.MaxFraction < 1 {
-		avail := float64(free + p.reserved())
-		limit, capped = min(limit, uint64(p.opts.MaxFraction*avail)), true
+		// A fraction of the device's total memory (share.go, doc.go).
+		limit, capped = min(limit, uint64(p.opts.MaxFraction*float64(p.total))), true
 	}
 	return capped, limit
 }
