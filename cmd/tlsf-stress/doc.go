@@ -161,8 +161,13 @@
 // be clean: no corruption, no lost blocks, no crash. On a GPU the command
 // re-executes itself K times (hidden subcommand multi-child); each child
 // prints its outcome as one JSON line, run's object plus proc, pid,
-// max_fraction and exit_status, and the parent prints a table (or, with
-// --json, the children's lines). A simulated GPU cannot span processes, so
+// max_fraction, exit_status, total_bytes, share (peak reserved over total
+// memory), device_calls_per_op (the pool's driver calls per operation)
+// and fairness (max share / min share over all processes, filled in by
+// the parent), and the parent prints a table with share and calls/op per
+// process and a fairness line (or, with --json, the children's lines).
+// Each process prints progress lines, prefixed [proc i], every
+// --progress-interval. A simulated GPU cannot span processes, so
 // on the simulated device the K processes are goroutines, each a
 // sim.Device process (NewProcess) sharing one simulated capacity;
 // --exec runs real children there too, each with a simulated GPU of its

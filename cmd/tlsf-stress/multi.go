@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"strconv"
@@ -111,6 +112,14 @@ type childResult struct {
 	PID         int     `json:"pid"`
 	MaxFraction float64 `json:"max_fraction"`
 	ExitStatus  int     `json:"exit_status"`
+	// TotalBytes is the device's total memory; Share is peak reserved
+	// over it; CallsPerOp is the pool's driver calls per operation.
+	TotalBytes uint64  `json:"total_bytes"`
+	Share      float64 `json:"share"`
+	CallsPerOp float64 `json:"device_calls_per_op"`
+	// Fairness is the largest Share over the smallest of all processes,
+	// filled in by the parent (0 in a child's own line).
+	Fairness float64 `json:"fairness"`
 	*runResult
 }
 
@@ -129,7 +138,7 @@ func (o *childOpts) args(g *globalFlags, kind string) []string {
 		"--ops", strconv.FormatInt(o.ops, 10), "--duration", o.duration.String(), "--sizes", o.sizes,
 		"--min-size", o.minSize.String(), "--max-size", o.maxSize.String(), "--slots", strconv.Itoa(o.slots),
 		"--max-live", o.maxLive.String(), "--verify", o.verify, "--stream", o.stream,
-		"--seed", strconv.FormatUint(o.seed, 10), "--progress-interval", "0",
+		"--seed", strconv.FormatUint(o.seed, 10), "--progress-interval", o.progressInt.String(),
 	}
 	if g.simCapacity > 0 {
 		a = append(a, "--sim-capacity", g.simCapacity.String())
@@ -155,7 +164,7 @@ func newMultiChildCmd(g *globalFlags) *cobra.Command {
 			defer ds.close()
 			dev, release := ds.get()
 			defer release()
-			res := runChild(cmd.Context(), ds, dev, o)
+			res := runChild(cmd.Context(), ds, dev, o, cmd.ErrOrStderr())
 			if err := json.NewEncoder(cmd.OutOrStdout()).Encode(res); err != nil {
 				return err
 			}
@@ -174,7 +183,8 @@ func newMultiChildCmd(g *globalFlags) *cobra.Command {
 
 // runChild runs one process's share of multi on dev and returns its
 // outcome; a panic becomes a reported error, not a crash of the parent.
-func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts) (res *childResult) {
+// Progress lines go to progress every --progress-interval.
+func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts, progress io.Writer) (res *childResult) {
 	res = &childResult{Proc: o.index, PID: os.Getpid(), MaxFraction: o.fraction}
 	fail := func(format string, args ...any) {
 		if res.runResult == nil {
@@ -204,8 +214,18 @@ func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts)
 		fail("%v", err)
 		return res
 	}
-	rep := newStress(ctx, dev, a, cfg).run()
+	s := newStress(ctx, dev, a, cfg)
+	stop := showProgress(progress, s, &o.workloadFlags)
+	rep := s.run()
+	stop()
 	res.runResult = summarize(ds, dev, a, &o.workloadFlags, rep)
+	res.TotalBytes = total
+	if total > 0 {
+		res.Share = float64(res.PeakReservedBytes) / float64(total)
+	}
+	if res.Ops > 0 {
+		res.CallsPerOp = float64(res.DeviceCalls) / float64(res.Ops)
+	}
 	if err := a.close(); err != nil {
 		fail("closing the pool: %v", err)
 	}
@@ -257,7 +277,7 @@ func runMulti(cmd *cobra.Command, g *globalFlags, o *multiOpts) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				results[i] = runChild(cmd.Context(), ds, dev, &c)
+				results[i] = runChild(cmd.Context(), ds, dev, &c, &prefixWriter{w: errw, prefix: fmt.Sprintf("[proc %d] ", i)})
 			}()
 		}
 		wg.Wait()
@@ -284,8 +304,10 @@ func runMulti(cmd *cobra.Command, g *globalFlags, o *multiOpts) error {
 		wg.Wait()
 	}
 
+	fair := fairness(results)
 	ok := true
 	for _, r := range results {
+		r.Fairness = fair
 		ok = ok && r.OK
 		if o.json {
 			if err := json.NewEncoder(out).Encode(r); err != nil {
@@ -384,7 +406,7 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 	fmt.Fprintf(w, "multi: %d %s on %s (%s), backend %s, MaxFraction %.3f each, live target %s each (%.2f× a share)\n",
 		o.procs, how, ds.name(), ds.kind, o.backend, o.fraction, gib(target), o.oversubscribe)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "proc\tpid\tops\tallocs\tfrees\tout of memory\tpeak live\tpeak reserved\tproblems\terrors\tstatus\t")
+	fmt.Fprintln(tw, "proc\tpid\tops\tallocs\tfrees\tout of memory\tpeak live\tpeak reserved\tshare\tcalls/op\tproblems\terrors\tstatus\t")
 	var ooms int64
 	for _, r := range results {
 		status := "ok"
@@ -392,8 +414,8 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 			status = "FAILED"
 		}
 		ooms += r.OutOfMemory
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\t%d\t%s\t\n", r.Proc, r.PID, r.Ops, r.Allocs, r.Frees, r.OutOfMemory,
-			gib(r.PeakLiveBytes), gib(r.PeakReservedBytes), r.ProblemCount, r.ErrorCount, status)
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%.3f\t%.2f\t%d\t%d\t%s\t\n", r.Proc, r.PID, r.Ops, r.Allocs, r.Frees, r.OutOfMemory,
+			gib(r.PeakLiveBytes), gib(r.PeakReservedBytes), r.Share, r.CallsPerOp, r.ProblemCount, r.ErrorCount, status)
 	}
 	tw.Flush()
 	for _, r := range results {
@@ -405,7 +427,26 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 		}
 	}
 	fmt.Fprintf(w, "out-of-memory errors: %d in all (expected when oversubscribed; each one a clean ErrOutOfMemory)\n", ooms)
+	if len(results) > 0 {
+		fmt.Fprintf(w, "fairness: max share / min share = %.3f (shares of peak reserved over total memory)\n", results[0].Fairness)
+	}
 	if strings.TrimSpace(ds.note) != "" {
 		fmt.Fprintln(w, "note:", ds.note)
 	}
+}
+
+// fairness is the largest share of the device over the smallest among the
+// processes that reported one (0 if none did, +Inf if one held nothing).
+func fairness(results []*childResult) float64 {
+	lo, hi := math.Inf(1), 0.0
+	for _, r := range results {
+		if r.runResult == nil || r.TotalBytes == 0 {
+			continue
+		}
+		lo, hi = min(lo, r.Share), max(hi, r.Share)
+	}
+	if hi == 0 {
+		return 0
+	}
+	return hi / lo
 }
