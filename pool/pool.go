@@ -56,8 +56,9 @@ type Pool struct {
 
 	cache *cacheSet // nil when caches are off
 
-	peers []int   // devices granted access besides dev (peers.go)
-	oom   oomMemo // the last request the out-of-memory path failed (share.go)
+	peers []int    // devices granted access besides dev (peers.go)
+	oom   oomMemo  // the last request the out-of-memory path failed (share.go)
+	seen  seenFree // the device's free memory as this request's growth read it (share.go)
 }
 
 // counters are the pool's statistics kept under its lock.
@@ -345,6 +346,7 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 // reclaim completed stream-ordered frees, grow, and then the
 // out-of-memory path.
 func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
+	p.seen = seenFree{}
 	if p.ss.multi {
 		_ = p.pollPending(false)
 		if b, err := p.search(size, align); err == nil {
@@ -452,6 +454,7 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	if err != nil {
 		return tlsf.Block{}, err
 	}
+	p.seen = seenFree{free: free, ok: true}
 	want := roundUp(max(need, uint64(p.opts.GrowFraction*float64(free))), g)
 	if capped {
 		want = max(need, min(want, (limit-res-tail)/g*g))
@@ -504,7 +507,10 @@ func (p *Pool) noteReserved() {
 }
 
 func (p *Pool) oomError(size uint64, cause error) error {
-	free, total, _ := p.dev.MemGetInfo()
+	free, total := p.seen.free, p.total
+	if !p.seen.ok { // no growth attempt read it during this request
+		free, total, _ = p.dev.MemGetInfo()
+	}
 	var largest uint64
 	if p.pt == nil {
 		largest = p.x.LargestFree()

@@ -46,6 +46,14 @@ import (
 // 64 makes a run of failures cost about 1/64 of a flush and release each.
 const oomMemoSkips = 64
 
+// seenFree is the device's free memory in bytes as the current request's
+// last growth attempt read it (cuMemGetInfo), so that its out-of-memory
+// error can report it without another driver call.
+type seenFree struct {
+	free uint64
+	ok   bool
+}
+
 // oomMemo is the last request the out-of-memory path failed.
 type oomMemo struct {
 	size  uint64 // bytes; 0: no failure remembered
@@ -150,8 +158,9 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 // free blocks to the spares (cuMemUnmap; the handles are kept), taking
 // them from the smallest free blocks first: a small free block is the
 // least use to the next request, a large one the most, and emptying it
-// would only make the next large request move its pages back. The free
-// top of the heap is left alone (a growth covers it). It returns the bytes
+// would only make the next large request move its pages back. Unlike
+// release, it takes pages from the free top of the heap too: the block
+// they go to is placed already, no growth follows. It returns the bytes
 // moved. The caller has synchronized the streams that freed memory.
 func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
 	if err := h.unmapStrays(); err != nil {
@@ -159,14 +168,8 @@ func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
 	}
 	type run struct{ first, n, blockSize uint64 }
 	var free []run
-	top := ^uint64(0)
-	if h.end > h.base {
-		if last, err := h.x.Last(h.base); err == nil && last.Free {
-			top = last.Addr
-		}
-	}
 	h.x.Walk(func(b tlsf.Block) bool {
-		if !b.Free || b.Addr == top {
+		if !b.Free {
 			return true
 		}
 		first := (b.Addr - h.base + h.gran - 1) / h.gran
