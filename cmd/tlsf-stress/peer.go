@@ -415,6 +415,13 @@ func (r *peerRun) alloc(size uint64, src, dst int) *peerPair {
 		if err := s.call(device.CallMemsetD32, r.devs[src].MemsetD32(a.ptr, a.pattern, n/4)); err != nil {
 			s.error("filling %v on device %d: %v", a, r.devs[src].Ordinal(), err)
 		}
+		// cuMemsetD32 returns before the GPU is done, and nothing orders
+		// one device's default stream after another's: wait for the fill.
+		if src != dst {
+			if err := s.call(device.CallStreamSynchronize, r.devs[src].StreamSynchronize(0)); err != nil {
+				s.error("waiting for the fill of %v on device %d: %v", a, r.devs[src].Ordinal(), err)
+			}
+		}
 		err := s.call(device.CallMemcpyDtoDAsync, r.pas[dst].MemcpyDtoDAsync(b.ptr, a.ptr, n, 0))
 		if err != nil {
 			s.problem("copy on device %d from %v (device %d) to %v: %v", r.devs[dst].Ordinal(), a, r.devs[src].Ordinal(), b, err)
@@ -434,7 +441,11 @@ func (r *peerRun) alloc(size uint64, src, dst int) *peerPair {
 func (r *peerRun) verifyFree(pr *peerPair, buf []byte) {
 	s := r.s
 	if n := pr.b.size / 4 * 4; n > 0 && s.cfg.verify != verifyNone {
-		r.verify(pr, buf, n)
+		r.verify(pr, buf, n) // cuMemcpyDtoH waits for the copy
+	} else if err := s.call(device.CallStreamSynchronize, r.devs[pr.dst].StreamSynchronize(0)); err != nil {
+		// A's pool orders its free on A's device only: the copy, on B's,
+		// must be done before A is freed.
+		s.error("waiting for the copy into %v on device %d: %v", pr.b, r.devs[pr.dst].Ordinal(), err)
 	}
 	r.freeBlock(pr.src, pr.a)
 	r.freeBlock(pr.dst, pr.b)
