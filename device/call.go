@@ -43,6 +43,9 @@ const (
 	CallMemPoolSetAttribute
 	// Byte fills (ByteSetter, memset.go).
 	CallMemsetD8Async
+	// Several GPUs (PeerAccessor, peer.go).
+	CallCtxEnablePeerAccess
+	CallMemcpyDtoDAsync
 	NumCalls // the number of Call kinds; not a call
 )
 
@@ -76,6 +79,8 @@ var callNames = [NumCalls]string{
 	CallMemPoolGetAttribute: "cuMemPoolGetAttribute",
 	CallMemPoolSetAttribute: "cuMemPoolSetAttribute",
 	CallMemsetD8Async:       "cuMemsetD8Async",
+	CallCtxEnablePeerAccess: "cuCtxEnablePeerAccess",
+	CallMemcpyDtoDAsync:     "cuMemcpyDtoDAsync",
 }
 
 // String returns the driver entry point's name, e.g. "cuMemAlloc".

@@ -165,9 +165,10 @@ const (
 	cuResultInvalidValue      = 1
 	cuResultOutOfMemory       = 2
 	cuResultNotInitialized    = 3
-	cuResultDeinitialized     = 4  // the driver is shutting down
-	cuResultStubLibrary       = 34 // libcuda.so.1 is the toolkit's stub, not a driver
-	cuResultDeviceUnavailable = 46 // the device is in exclusive use, or unavailable
+	cuResultDeinitialized     = 4   // the driver is shutting down
+	cuResultStubLibrary       = 34  // libcuda.so.1 is the toolkit's stub, not a driver
+	cuResultDeviceUnavailable = 46  // the device is in exclusive use, or unavailable
+	cuResultPeerUnsupported   = 217 // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
 	cuResultNoDevice          = 100
 	cuResultInvalidDevice     = 101
 	cuResultInvalidHandle     = 400 // a stream, event or handle the driver does not know
@@ -188,7 +189,7 @@ func (e *Error) Unwrap() error {
 		return ErrNoDevice
 	case cuResultIllegalAddress:
 		return ErrIllegalAddress
-	case cuResultNotSupported:
+	case cuResultNotSupported, cuResultPeerUnsupported:
 		return ErrNotSupported
 	}
 	return nil

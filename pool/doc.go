@@ -25,16 +25,61 @@
 //
 // # Policy
 //
-// Every knob is a fraction of the device's memory as cuMemGetInfo reports
-// it when the decision is made (options.go): growth takes GrowFraction of
-// the free memory at once, reserved memory is capped by MaxFraction of the
-// memory available to the pool (free plus its own) and by MaxBytes, and
-// unused memory is returned when the device runs low (FreeFloorFraction)
-// or recycled rather than added when the pool must map more
-// (ReleaseFraction). When memory runs out, the pool flushes the caches,
-// waits for pending stream-ordered frees, returns unused memory, searches
-// again and grows once more before failing with ErrOutOfMemory; the cap is
-// checked only after that release.
+// The knobs are fractions, not byte counts, so that one setting fits a
+// big job and many small ones (options.go): growth takes GrowFraction of
+// the device's free memory at once, reserved memory is capped by
+// MaxFraction of the device's total memory and by MaxBytes, and unused
+// memory is returned when the device runs low (FreeFloorFraction of
+// total) or recycled rather than added when the pool must map more
+// (ReleaseFraction).
+//
+// # Sharing a GPU
+//
+// MaxFraction is a fraction of the device's total memory T (cuMemGetInfo
+// at New), so a pool's cap, c = MaxFraction × T, does not depend on what
+// other processes hold or on who started first. With K processes:
+//
+//   - Started together, each with MaxFraction 1/K: the caps add up to T.
+//     Since no process holds more than T/K, the others hold at most
+//     (K−1)·T/K, so at least T/K − (own reserved) is free for each: every
+//     process can reach its cap, and K identical jobs end with equal
+//     shares, T/K each (max share / min share = 1, to the granule). On an
+//     H200 (T = 143771 MiB) and K = 2, 3, 4: 71885, 47923, 35942 MiB each.
+//   - Started one after another: when job j starts, jobs 1..j−1 hold at
+//     most (j−1)·T/K, so at least T − (j−1)·T/K ≥ T/K is free, and job j
+//     reaches T/K too: the order changes nothing.
+//   - Fractions adding up to more than 1 promise more than there is: each
+//     pool still stops at its cap, but the device serves whoever maps
+//     first, and a late job gets what is free. Σ MaxFraction ≤ 1 is the
+//     condition for predictable shares.
+//
+// The rule it replaces, a fraction of what is available at each decision
+// (free plus the pool's own), makes the cap a race: with two jobs at 1/2,
+// one holding a leaves the other (T − a)/2, so the first to grow takes
+// more (1.44× apart on an H200), and two jobs that both sit at their caps
+// leave a third of the GPU unused (a = b = T/3).
+//
+// "A fraction of free memory" keeps its meaning where it matters for a
+// job that starts on a busy GPU: growth steps are GrowFraction of what is
+// free when the pool grows (small steps on a full GPU), the floor
+// (FreeFloorFraction) watches free memory, and a pool never holds more
+// than the device can give: on a GPU where others hold U, it reaches
+// min(c, T − U). A job that wants "half of what is free now" computes
+// MaxFraction = 0.5 × free / total from cuMemGetInfo before New.
+//
+// # Out of memory
+//
+// When memory runs out, the pool flushes the caches, waits for pending
+// stream-ordered frees and searches again; where the block found lies on
+// released pages, it moves just the pages the block lacks from under
+// other free blocks (cuMemUnmap and cuMemMap of kept physical memory, no
+// cuMemRelease or cuMemCreate), else it moves what the request needs and
+// grows once more; then it fails with ErrOutOfMemory. It remembers the
+// failure, so that until it next frees a block, a request at least as
+// large fails without repeating the work, and it stops gathering
+// scattered pages once the memory in use passes 90% of the cap. Unused
+// memory goes back to other processes through FreeFloorFraction, Trim or
+// a scavenger, not on every error (share.go).
 //
 // # Stream order
 //

@@ -45,4 +45,9 @@ var (
 	// block's address and size and the first changed byte. The block is
 	// not freed; its red zone is filled again, so a second Free frees it.
 	ErrCorrupted = errors.New("pool: memory corrupted")
+	// ErrNoPeerAccess: a device named in Options.PeerAccess or
+	// GrantPeerAccess cannot access the pool's device: the device is not
+	// a device.PeerAccessor, or cuDeviceCanAccessPeer says no. The message
+	// names the pair.
+	ErrNoPeerAccess = errors.New("pool: no peer access")
 )

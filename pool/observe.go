@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 
 	"github.com/gpumem/tlsf/tlsf"
 )
@@ -26,7 +25,10 @@ func (p *Pool) retryAfterHook(size, align uint64) (b tlsf.Block, err error, done
 	p.c.retries++
 	p.flushCaches()
 	_ = p.pollPending(true)
-	if _, rerr := p.releaseUnused(math.MaxUint64); rerr != nil {
+	if b, err := p.searchRecycling(size, align); err == nil || !retryable(err) {
+		return b, err, true
+	}
+	if _, rerr := p.releaseFor(size, align); rerr != nil {
 		return tlsf.Block{}, fmt.Errorf("pool: releasing unused memory: %w", rerr), true
 	}
 	if b, err := p.search(size, align); err == nil {
@@ -60,7 +62,10 @@ func (p *Pool) runOOMHook(size uint64) error {
 // the pool could allocate now and the device's free memory. Pool lock
 // held.
 func (p *Pool) oomError(size uint64, cause error) error {
-	free, total, _ := p.dev.MemGetInfo()
+	free, total := p.seen.free, p.total
+	if !p.seen.ok { // no growth attempt read it during this request
+		free, total, _ = p.dev.MemGetInfo()
+	}
 	limit := "no cap"
 	if capped, c := p.capFrom(free); capped {
 		limit = "cap " + sizeString(c)

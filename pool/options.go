@@ -48,12 +48,13 @@ const PassthroughEnv = "TLSF_PASSTHROUGH"
 // process on one GPU.
 //
 // The policy knobs are fractions of the device's memory as cuMemGetInfo
-// reports it at the moment of each decision, so a pool adapts as other
-// processes come and go:
+// reports it, so that one setting fits a big job and many small ones:
 //
-//   - free: the device's free memory, which excludes what this pool holds;
-//   - available: free plus what this pool has reserved, i.e. the most this
-//     pool could hold if it took everything left.
+//   - free: the device's free memory at the moment of each decision,
+//     which excludes what this pool holds (InitialFraction, GrowFraction);
+//   - total: the device's total memory (MaxFraction, FreeFloorFraction),
+//     the same for every process, so that equal fractions give equal
+//     shares (package doc, "Sharing a GPU").
 //
 // A fraction of zero takes the default or disables its knob, as each field
 // says; negative, NaN or infinite fractions and fractions above 1 are
@@ -74,8 +75,11 @@ type Options struct {
 	// memory tracks live memory within a few percent, large enough that a
 	// growth (several driver calls per granule) is rare.
 	GrowFraction float64
-	// MaxFraction caps reserved memory at MaxFraction × available
-	// (default 1: no cap beyond the device).
+	// MaxFraction caps reserved memory at MaxFraction × the device's
+	// total memory (cuMemGetInfo at New), whatever other processes hold,
+	// so K pools with 1/K each get equal shares in any start order (see
+	// the package doc, "Sharing a GPU"). Default 1: no cap beyond the
+	// device.
 	MaxFraction float64
 	// MaxBytes caps reserved memory in bytes (default 0: no cap). With
 	// MaxFraction, the smaller cap applies. The cap is checked after the
@@ -156,6 +160,17 @@ type Options struct {
 	// with sizes in bytes. It is called with the pool's lock held: its
 	// handler must not call the pool.
 	Logger *slog.Logger
+	// PeerAccess is the set of device ordinals (of the same host) that may read
+	// and write the pool's memory, e.g. for cuMemcpyDtoDAsync issued on
+	// another GPU. A VMM pool grants each of them access to every mapping,
+	// present and future (cuMemSetAccess with one CUmemAccessDesc per
+	// device); a chunk or passthrough pool enables peer access on the
+	// context (cuCtxEnablePeerAccess). The pool's own ordinal is a no-op.
+	// New fails with ErrNoPeerAccess, naming the pair, when the device is
+	// not a device.PeerAccessor or a listed device cannot access it
+	// (cuDeviceCanAccessPeer). Default nil: the pool's device alone. See
+	// also Pool.GrantPeerAccess, which takes any ordinal. (peers.go)
+	PeerAccess DeviceSet
 }
 
 // CacheOptions configure the per-P caches that serve small blocks without

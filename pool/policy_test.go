@@ -349,7 +349,11 @@ func TestACapMetOnlyAfterReleasingCachedMemory(t *testing.T) {
 				} else {
 					require.Equal(t, before.Retries+1, s.Retries, "served by the out-of-memory path")
 					require.Zero(t, s.Cached, "the out-of-memory path drains the caches")
-					require.Greater(t, s.Releases, before.Releases)
+					if be == BackendChunks {
+						// A VMM pool finds the merged range after the flush;
+						// 2 MiB chunks must go back to make a 48 MiB one.
+						require.Greater(t, s.Releases, before.Releases)
+					}
 				}
 				require.NoError(t, sd.MemsetD32(big, 7, wordCount(48*miB)))
 				checkStep(t, p, d)

@@ -56,8 +56,11 @@ type Pool struct {
 
 	cache *cacheSet // nil when caches are off
 
-	dbg  *debugLayer // guard mode and memory-checker hooks; nil when off (debug.go)
-	hist *history    // nil unless Options.History > 0 (history.go)
+	dbg   *debugLayer // guard mode and memory-checker hooks; nil when off (debug.go)
+	hist  *history    // nil unless Options.History > 0 (history.go)
+	peers []int       // devices granted access besides dev (peers.go)
+	oom   oomMemo     // the last request the out-of-memory path failed (share.go)
+	seen  seenFree    // the device's free memory as this request's growth read it (share.go)
 }
 
 // counters are the pool's statistics kept under its lock.
@@ -116,6 +119,9 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 	}
 	if p.backend == BackendPassthrough {
 		p.pt = newPassthrough()
+		if err := p.setupPeers(o.PeerAccess.Ordinals()); err != nil {
+			return nil, err
+		}
 		return p, nil
 	}
 	switch p.backend {
@@ -130,6 +136,10 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 		p.heap = newChunkHeap(p.dev, p.x)
 	}
 	p.watchHeap()
+	if err := p.setupPeers(o.PeerAccess.Ordinals()); err != nil {
+		_ = p.heap.close()
+		return nil, err
+	}
 	if o.InitialFraction > 0 {
 		g := p.heap.granularity()
 		initial := uint64(o.InitialFraction*float64(free)) / g * g
@@ -357,6 +367,7 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 // reclaim completed stream-ordered frees, grow, and then the
 // out-of-memory path.
 func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
+	p.seen = seenFree{}
 	if p.ss.polls() {
 		_ = p.pollPending(false)
 		if b, err := p.search(size, align); err == nil {
@@ -367,28 +378,56 @@ func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
 	if err == nil || !retryable(err) {
 		return b, p.growError(size, err)
 	}
-	// Out of memory: flush the caches, wait for pending frees, return
-	// unused memory, then search again and grow once more. The cap is
-	// checked only now, after what was cached is released.
+	// Out of memory (share.go): unless a request at least this large just
+	// failed and nothing was freed since, flush the caches, wait for
+	// pending frees, search again, move what the request needs from under
+	// free blocks to the spares, and grow once more.
+	if p.remembered(size) {
+		return p.outOfMemory(size, align, err)
+	}
 	p.c.retries++
 	p.flushCaches()
 	_ = p.pollPending(true)
-	if _, rerr := p.releaseUnused(math.MaxUint64); rerr != nil {
+	if b, err := p.searchRecycling(size, align); err == nil || !retryable(err) {
+		if err == nil {
+			p.oom = oomMemo{}
+		}
+		return b, err
+	}
+	if !p.mayRecycle(size) {
+		return p.outOfMemory(size, align, err)
+	}
+	if _, rerr := p.releaseFor(size, align); rerr != nil {
 		return tlsf.Block{}, fmt.Errorf("pool: releasing unused memory: %w", rerr)
 	}
 	if b, err := p.search(size, align); err == nil {
+		p.oom = oomMemo{}
 		return b, nil
 	}
 	b, err = p.growAndSearch(size, align)
 	if err == nil || !retryable(err) {
+		if err == nil {
+			p.oom = oomMemo{}
+		}
 		return b, p.growError(size, err)
 	}
+	return p.outOfMemory(size, align, err)
+}
+
+// outOfMemory is allocMiss's last step, err the growth's failure: the
+// OnOutOfMemory hook and its one retry where set, else the failure,
+// remembered (share.go).
+func (p *Pool) outOfMemory(size, align uint64, err error) (tlsf.Block, error) {
 	if p.opts.OnOutOfMemory != nil {
-		if b, err, done := p.retryAfterHook(size, align); done {
-			return b, err
+		if b, herr, done := p.retryAfterHook(size, align); done {
+			if herr == nil {
+				p.oom = oomMemo{}
+			}
+			return b, herr
 		}
 	}
 	p.c.ooms++
+	p.rememberOOM(size)
 	return tlsf.Block{}, p.oomError(size, err)
 }
 
@@ -433,20 +472,24 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	if err := p.makeRoom(need + tail); err != nil {
 		return tlsf.Block{}, err
 	}
-	free, _, err := p.dev.MemGetInfo()
-	if err != nil {
-		return tlsf.Block{}, err
-	}
 	g := p.heap.granularity()
 	// Spare physical memory maps first and is reserved already: only what
 	// it does not cover adds to reserved, and needs the driver.
 	spare := p.heap.spare()
 	res := p.reserved() - min(p.reserved(), spare)
+	// The cap needs no driver call (share.go): check it first, so that a
+	// pool at its cap fails without one.
+	capped, limit := p.capFrom(0)
+	if capped && res+need+tail > limit {
+		return tlsf.Block{}, errNoRoom
+	}
+	free, _, err := p.dev.MemGetInfo()
+	if err != nil {
+		return tlsf.Block{}, err
+	}
+	p.seen = seenFree{free: free, ok: true}
 	want := roundUp(max(need, uint64(p.opts.GrowFraction*float64(free))), g)
-	if capped, limit := p.capFrom(free); capped {
-		if res+need+tail > limit {
-			return tlsf.Block{}, errNoRoom
-		}
+	if capped {
 		want = max(need, min(want, (limit-res-tail)/g*g))
 	}
 	if need+tail > free+spare {
@@ -465,20 +508,15 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 }
 
 // cap returns whether reserved memory is capped, and the cap in bytes.
+// It makes no driver call; the error is always nil.
 func (p *Pool) cap() (bool, uint64, error) {
-	if p.opts.MaxFraction >= 1 && p.opts.MaxBytes == 0 {
-		return false, 0, nil
-	}
-	free, _, err := p.dev.MemGetInfo()
-	if err != nil {
-		return false, 0, err
-	}
-	capped, limit := p.capFrom(free)
+	capped, limit := p.capFrom(0)
 	return capped, limit, nil
 }
 
-// capFrom computes the cap given the device's free memory: MaxBytes and
-// MaxFraction × (free + reserved), whichever is smaller.
+// capFrom computes the cap: MaxBytes and MaxFraction × the device's total
+// memory, whichever is smaller. free is unused since the cap became a
+// fraction of total memory (share.go).
 func (p *Pool) capFrom(free uint64) (bool, uint64) {
 	limit := uint64(math.MaxUint64)
 	capped := false
@@ -486,8 +524,8 @@ func (p *Pool) capFrom(free uint64) (bool, uint64) {
 		limit, capped = p.opts.MaxBytes, true
 	}
 	if p.opts.MaxFraction < 1 {
-		avail := float64(free + p.reserved())
-		limit, capped = min(limit, uint64(p.opts.MaxFraction*avail)), true
+		// A fraction of the device's total memory (share.go, doc.go).
+		limit, capped = min(limit, uint64(p.opts.MaxFraction*float64(p.total))), true
 	}
 	return capped, limit
 }

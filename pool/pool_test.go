@@ -204,12 +204,15 @@ func TestProcessesSharingAGPUEachGetTheirFraction(t *testing.T) {
 			require.ErrorIs(t, err, ErrOutOfMemory, "above half of what is available")
 			checkStep(t, p1, d1)
 
-			// The second may take half of what is left: 256 MiB.
+			// The second may take half of the GPU too, whatever the first
+			// holds: the cap is a fraction of total memory (share.go).
 			c, err := p2.Alloc(200 * miB)
+			require.NoError(t, err)
+			e, err := p2.Alloc(312 * miB)
 			require.NoError(t, err)
 			checkStep(t, p2, d2)
 			before := p2.Stats()
-			for _, n := range []uint64{300 * miB, 100 * miB, giB} {
+			for _, n := range []uint64{2 * miB, 100 * miB, giB} {
 				_, err = p2.Alloc(n)
 				require.ErrorIs(t, err, ErrOutOfMemory, "%d bytes", n)
 				require.NotErrorIs(t, err, device.ErrOutOfMemory, "the cap, not the driver, refused")
@@ -220,13 +223,13 @@ func TestProcessesSharingAGPUEachGetTheirFraction(t *testing.T) {
 			require.Equal(t, before.OutOfMemory+3, p2.Stats().OutOfMemory)
 
 			// When the first process gives memory back, the second's cap
-			// rises with the device's free memory.
+			// stays where it was: shares do not depend on who came first.
 			require.NoError(t, p1.Free(a))
 			_, err = p1.Trim()
 			require.NoError(t, err)
 			checkStep(t, p1, d1)
-			e, err := p2.Alloc(250 * miB)
-			require.NoError(t, err)
+			_, err = p2.Alloc(2 * miB)
+			require.ErrorIs(t, err, ErrOutOfMemory)
 			checkStep(t, p2, d2)
 			for _, ptr := range []uintptr{c, e} {
 				require.NoError(t, p2.Free(ptr))

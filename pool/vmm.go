@@ -50,6 +50,8 @@ type vmmHeap struct {
 	// note, when set (history on), is told of every run of pages mapped
 	// or unmapped: address and bytes (history.go).
 	note func(addr, size uint64, mapped bool)
+	// peers are other devices granted access to every mapping (peers.go).
+	peers []int
 }
 
 func newVMMHeap(dev *counted, x *tlsf.Index, vsize, total uint64) (*vmmHeap, error) {
@@ -167,7 +169,7 @@ func (h *vmmHeap) mapRun(first, n, least uint64) (uint64, error) {
 	if done == 0 {
 		return 0, err
 	}
-	if aerr := h.dev.MemSetAccess(uintptr(h.pageAddr(first)), done*h.gran); aerr != nil {
+	if aerr := h.setAccess(uintptr(h.pageAddr(first)), done*h.gran); aerr != nil {
 		h.unmapOrStray(first, done)
 		return 0, aerr
 	}

@@ -183,6 +183,29 @@
 // cached_blocks, fragmentation, reserved_bytes, at the end), problem_count,
 // problems (the first 20), error_count, errors, ok.
 //
+// # run --devices
+//
+// run --devices 0,1 [run's flags] runs the workload across several GPUs
+// of one host (peer.go): a pool per listed device (pool.Devices), each
+// granting the others access (pool.Options.PeerAccess). Goroutine g
+// allocates a block on device list[g mod n] and one of the same size on
+// list[(g+1) mod n], fills the first (cuMemsetD32), copies it into the
+// second with cuMemcpyDtoDAsync issued on the second's device, and reads
+// the copy back there before freeing both; a refused copy, a wrong word or
+// an overlap is a problem. --devices 0 runs it on one GPU (copies within
+// it). On a GPU, the run ends by timing 20 copies of min(256 MiB, total/16)
+// from list[0] to list[1 mod n] between pool blocks and between plain
+// cuMemAlloc blocks with peer access enabled (what cudaMemcpyPeer does).
+// Backends: tlsf-vmm, tlsf-chunks, passthrough. On the simulated device
+// the GPUs are those of a sim.Host. --json prints one object: device,
+// device_kind, devices, backend, goroutines, verify, ops, allocs, frees,
+// out_of_memory, copies, peer_copies, copied_bytes, elapsed_s, ops_per_s,
+// verified_blocks, verified_bytes, peak_live_bytes, per_device (ordinal,
+// peak_reserved_bytes, device_calls, device_calls_by_name, peer_access),
+// workload_device_calls, copy_bench_bytes, pool_copy_gbps,
+// plain_copy_gbps, copy_ratio (GPU only, else 0), problem_count,
+// problems, error_count, errors, ok.
+//
 // # multi
 //
 // multi --procs K [--fraction F] [--oversubscribe X] [--exec] [run's flags]
@@ -194,8 +217,13 @@
 // be clean: no corruption, no lost blocks, no crash. On a GPU the command
 // re-executes itself K times (hidden subcommand multi-child); each child
 // prints its outcome as one JSON line, run's object plus proc, pid,
-// max_fraction and exit_status, and the parent prints a table (or, with
-// --json, the children's lines). A simulated GPU cannot span processes, so
+// max_fraction, exit_status, total_bytes, share (peak reserved over total
+// memory), device_calls_per_op (the pool's driver calls per operation)
+// and fairness (max share / min share over all processes, filled in by
+// the parent), and the parent prints a table with share and calls/op per
+// process and a fairness line (or, with --json, the children's lines).
+// Each process prints progress lines, prefixed [proc i], every
+// --progress-interval. A simulated GPU cannot span processes, so
 // on the simulated device the K processes are goroutines, each a
 // sim.Device process (NewProcess) sharing one simulated capacity;
 // --exec runs real children there too, each with a simulated GPU of its

@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"strconv"
@@ -110,6 +111,14 @@ type childResult struct {
 	PID         int     `json:"pid"`
 	MaxFraction float64 `json:"max_fraction"`
 	ExitStatus  int     `json:"exit_status"`
+	// TotalBytes is the device's total memory; Share is peak reserved
+	// over it; CallsPerOp is the pool's driver calls per operation.
+	TotalBytes uint64  `json:"total_bytes"`
+	Share      float64 `json:"share"`
+	CallsPerOp float64 `json:"device_calls_per_op"`
+	// Fairness is the largest Share over the smallest of all processes,
+	// filled in by the parent (0 in a child's own line).
+	Fairness float64 `json:"fairness"`
 	*runResult
 }
 
@@ -118,7 +127,6 @@ type childOpts struct {
 	workloadFlags
 	index    int
 	fraction float64
-	progress io.Writer // where progress lines go every progressInt (nil: none)
 }
 
 // args are the command line of a child process.
@@ -155,8 +163,7 @@ func newMultiChildCmd(g *globalFlags) *cobra.Command {
 			defer ds.close()
 			dev, release := ds.get()
 			defer release()
-			o.progress = cmd.ErrOrStderr() // the parent prefixes it with the child's index
-			res := runChild(cmd.Context(), ds, dev, o)
+			res := runChild(cmd.Context(), ds, dev, o, cmd.ErrOrStderr())
 			if err := json.NewEncoder(cmd.OutOrStdout()).Encode(res); err != nil {
 				return err
 			}
@@ -175,7 +182,8 @@ func newMultiChildCmd(g *globalFlags) *cobra.Command {
 
 // runChild runs one process's share of multi on dev and returns its
 // outcome; a panic becomes a reported error, not a crash of the parent.
-func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts) (res *childResult) {
+// Progress lines go to progress every --progress-interval.
+func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts, progress io.Writer) (res *childResult) {
 	res = &childResult{Proc: o.index, PID: os.Getpid(), MaxFraction: o.fraction}
 	fail := func(format string, args ...any) {
 		if res.runResult == nil {
@@ -206,13 +214,17 @@ func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts)
 		return res
 	}
 	s := newStress(ctx, dev, a, cfg)
-	stop := func() {}
-	if o.progress != nil {
-		stop = showProgress(o.progress, s, &o.workloadFlags)
-	}
+	stop := showProgress(progress, s, &o.workloadFlags)
 	rep := s.run()
 	stop()
 	res.runResult = summarize(ds, dev, a, &o.workloadFlags, rep)
+	res.TotalBytes = total
+	if total > 0 {
+		res.Share = float64(res.PeakReservedBytes) / float64(total)
+	}
+	if res.Ops > 0 {
+		res.CallsPerOp = float64(res.DeviceCalls) / float64(res.Ops)
+	}
 	if err := a.close(); err != nil {
 		fail("closing the pool: %v", err)
 	}
@@ -257,7 +269,6 @@ func runMulti(cmd *cobra.Command, g *globalFlags, o *multiOpts) error {
 		for i := range o.procs {
 			c := co
 			c.index, c.seed = i, o.seed+uint64(i)
-			c.progress = &prefixWriter{w: errw, prefix: fmt.Sprintf("[proc %d] ", i)}
 			dev := sd
 			if i > 0 {
 				dev = sd.NewProcess()
@@ -265,7 +276,7 @@ func runMulti(cmd *cobra.Command, g *globalFlags, o *multiOpts) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				results[i] = runChild(cmd.Context(), ds, dev, &c)
+				results[i] = runChild(cmd.Context(), ds, dev, &c, &prefixWriter{w: errw, prefix: fmt.Sprintf("[proc %d] ", i)})
 			}()
 		}
 		wg.Wait()
@@ -292,8 +303,10 @@ func runMulti(cmd *cobra.Command, g *globalFlags, o *multiOpts) error {
 		wg.Wait()
 	}
 
+	fair := fairness(results)
 	ok := true
 	for _, r := range results {
+		r.Fairness = fair
 		ok = ok && r.OK
 		if o.json {
 			if err := json.NewEncoder(out).Encode(r); err != nil {
@@ -392,7 +405,7 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 	fmt.Fprintf(w, "multi: %d %s on %s (%s), backend %s, MaxFraction %.3f each, live target %s each (%.2f× a share)\n",
 		o.procs, how, ds.name(), ds.kind, o.backend, o.fraction, gib(target), o.oversubscribe)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "proc\tpid\tops\tallocs\tfrees\tout of memory\tpeak live\tpeak reserved\tproblems\terrors\tstatus\t")
+	fmt.Fprintln(tw, "proc\tpid\tops\tallocs\tfrees\tout of memory\tpeak live\tpeak reserved\tshare\tcalls/op\tproblems\terrors\tstatus\t")
 	var ooms int64
 	for _, r := range results {
 		status := "ok"
@@ -400,8 +413,8 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 			status = "FAILED"
 		}
 		ooms += r.OutOfMemory
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\t%d\t%s\t\n", r.Proc, r.PID, r.Ops, r.Allocs, r.Frees, r.OutOfMemory,
-			gib(r.PeakLiveBytes), gib(r.PeakReservedBytes), r.ProblemCount, r.ErrorCount, status)
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%.3f\t%.2f\t%d\t%d\t%s\t\n", r.Proc, r.PID, r.Ops, r.Allocs, r.Frees, r.OutOfMemory,
+			gib(r.PeakLiveBytes), gib(r.PeakReservedBytes), r.Share, r.CallsPerOp, r.ProblemCount, r.ErrorCount, status)
 	}
 	tw.Flush()
 	for _, r := range results {
@@ -413,4 +426,23 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 		}
 	}
 	fmt.Fprintf(w, "out-of-memory errors: %d in all (expected when oversubscribed; each one a clean ErrOutOfMemory)\n", ooms)
+	if len(results) > 0 {
+		fmt.Fprintf(w, "fairness: max share / min share = %.3f (shares of peak reserved over total memory)\n", results[0].Fairness)
+	}
+}
+
+// fairness is the largest share of the device over the smallest among the
+// processes that reported one (0 if none did, +Inf if one held nothing).
+func fairness(results []*childResult) float64 {
+	lo, hi := math.Inf(1), 0.0
+	for _, r := range results {
+		if r.runResult == nil || r.TotalBytes == 0 {
+			continue
+		}
+		lo, hi = min(lo, r.Share), max(hi, r.Share)
+	}
+	if hi == 0 {
+		return 0
+	}
+	return hi / lo
 }

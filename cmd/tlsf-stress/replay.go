@@ -38,7 +38,7 @@ type replayOpts struct {
 	minCap   bool
 	json     bool
 	plot     string
-	repeat   int // timed warm replays (--repeat)
+	repeat   int    // timed warm replays (--repeat)
 	snapshot string // --snapshot FILE (snapshot.go)
 }
 

@@ -132,7 +132,8 @@ func (w *workloadFlags) config(total uint64) (stressConfig, error) {
 
 type runOpts struct {
 	workloadFlags
-	cap capFlag
+	cap     capFlag
+	devices string // --devices: ordinals of a several-GPU run (peer.go)
 }
 
 func newRunCmd(g *globalFlags) *cobra.Command {
@@ -151,11 +152,19 @@ is real. Out-of-memory errors are counted, not failures.`,
 			if err := o.validate(); err != nil {
 				return err
 			}
+			if o.devices != "" {
+				ords, err := parseDevices(o.devices)
+				if err != nil {
+					return err
+				}
+				return runPeer(cmd, g, o, ords)
+			}
 			return runRun(cmd, g, o)
 		},
 	}
 	o.register(cmd, defaultRunOps)
 	cmd.Flags().Var(&o.cap, "cap", "cap on the allocator's device memory: bytes, or a fraction of total memory")
+	cmd.Flags().StringVar(&o.devices, "devices", "", "GPUs to use, e.g. 0,1: a pool on each with peer access for the others; blocks are copied between them (cuMemcpyDtoDAsync) and verified")
 	return cmd
 }
 
@@ -340,7 +349,7 @@ func isTerminal(w io.Writer) bool {
 // showProgress reports a running workload's progress on w: an mpb bar
 // where w is a terminal, plain lines every w.progressInt otherwise. It
 // returns the function that stops it.
-func showProgress(w io.Writer, s *stress, o *workloadFlags) func() {
+func showProgress(w io.Writer, s interface{ opsDone() int64 }, o *workloadFlags) func() {
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	start := time.Now()

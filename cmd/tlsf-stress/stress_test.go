@@ -221,6 +221,12 @@ func TestMultiOnSimSharesCapacity(t *testing.T) {
 		assert.Equal(t, true, m["ok"], "%v", m)
 		assert.Equal(t, m["allocs"], m["frees"])
 		assert.Contains(t, m, "max_fraction")
+		for _, k := range []string{"share", "device_calls_per_op", "fairness", "total_bytes"} {
+			assert.Contains(t, m, k)
+		}
+		var fair float64
+		fmt.Sscan(fmt.Sprint(m["fairness"]), &fair)
+		assert.GreaterOrEqual(t, fair, 1.0)
 		var n int64
 		fmt.Sscan(fmt.Sprint(m["out_of_memory"]), &n)
 		ooms += n
@@ -231,6 +237,8 @@ func TestMultiOnSimSharesCapacity(t *testing.T) {
 	require.Equal(t, exitOK, status, errs)
 	assert.Contains(t, out, "simulated processes sharing one simulated GPU")
 	assert.Contains(t, out, "out-of-memory errors:")
+	assert.Contains(t, out, "fairness: max share / min share")
+	assert.Contains(t, out, "calls/op")
 }
 
 func TestMultiExecRunsChildProcesses(t *testing.T) {

@@ -90,6 +90,9 @@ type Device struct {
 
 	counts [device.NumCalls]atomic.Uint64
 
+	peerMu  sync.Mutex        // guards peerCtx
+	peerCtx map[int32]uintptr // primary contexts of peers, retained by EnablePeerAccess until Close (cuda_peer.go)
+
 	mu     sync.RWMutex // read-held by each driver call, write-held by Close
 	closed bool
 }
@@ -209,6 +212,14 @@ const callInternal device.Call = -1
 //
 //go:uintptrescapes
 func (d *Device) exec(c device.Call, s *cuSym, args ...uintptr) (r int32, err error) {
+	return d.execOn(d.ctx, c, s, args...)
+}
+
+// execOn is exec with context ctx pushed instead of d's own (a peer's,
+// for cuCtxEnablePeerAccess).
+//
+//go:uintptrescapes
+func (d *Device) execOn(ctx uintptr, c device.Call, s *cuSym, args ...uintptr) (r int32, err error) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	if d.closed {
@@ -220,7 +231,7 @@ func (d *Device) exec(c device.Call, s *cuSym, args ...uintptr) (r int32, err er
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	drv := d.drv
-	if pr := drv.cuCtxPushCurrent.call(d.ctx); pr != cudaSuccess {
+	if pr := drv.cuCtxPushCurrent.call(ctx); pr != cudaSuccess {
 		return cudaSuccess, drv.error(&drv.cuCtxPushCurrent, pr)
 	}
 	r = s.call(args...)
@@ -429,10 +440,11 @@ func (d *Device) Close() error {
 		return nil
 	}
 	d.closed = true
+	errs := d.releasePeers()
 	if !d.owned {
-		return nil
+		return errs
 	}
-	return d.drv.check(&d.drv.cuDevicePrimaryCtxRelease, d.drv.cuDevicePrimaryCtxRelease.call(uintptr(d.dev)))
+	return errors.Join(errs, d.drv.check(&d.drv.cuDevicePrimaryCtxRelease, d.drv.cuDevicePrimaryCtxRelease.call(uintptr(d.dev))))
 }
 
 // String describes the device, e.g. `CUDA device 0 "NVIDIA H200"`.

@@ -116,6 +116,9 @@ type cuDriver struct {
 	cuMemsetD32                   cuSym
 	cuMemsetD32Async              cuSym
 	cuMemcpyDtoH                  cuSym
+	cuDeviceCanAccessPeer         cuSym // several GPUs (cuda_peer.go)
+	cuCtxEnablePeerAccess         cuSym
+	cuMemcpyDtoDAsync             cuSym
 
 	// Optional entry points (optionalSymbols): a zero addr means the
 	// driver lacks them, and the methods using them fail with
@@ -173,6 +176,9 @@ func (d *cuDriver) symbols() []struct {
 		{&d.cuMemsetD32, "cuMemsetD32_v2"},
 		{&d.cuMemsetD32Async, "cuMemsetD32Async"},
 		{&d.cuMemcpyDtoH, "cuMemcpyDtoH_v2"},
+		{&d.cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer"},
+		{&d.cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess"},
+		{&d.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"},
 	}
 }
 

@@ -138,11 +138,13 @@ type Config struct {
 
 // simGPU is what all processes on one simulated GPU share.
 type simGPU struct {
-	mu       sync.Mutex // guards everything in every Sim on this GPU
-	capacity uint64     // bytes
-	used     uint64     // bytes in use: every process's used plus occupied
-	occupied uint64     // bytes taken by Occupy
-	procs    []*Device  // every process, in creation order
+	mu       *sync.Mutex // guards everything in every Sim on this GPU (and on its Host's other GPUs)
+	capacity uint64      // bytes
+	used     uint64      // bytes in use: every process's used plus occupied
+	occupied uint64      // bytes taken by Occupy
+	procs    []*Device   // every process, in creation order
+	index    int         // this GPU's index on its Host (0 without one)
+	ngpus    int         // GPUs on its Host (0 or 1 without one)
 }
 
 // Device is a deterministic simulated GPU implementing device.Device: one process's
@@ -176,6 +178,10 @@ type Device struct {
 	faults     simFaults
 	violations []string
 	apool      simAsyncPool // the default pool of MemAllocAsync (sim_async.go)
+
+	// Several GPUs (sim_host.go): nil unless made by NewHost.
+	onHost     *simHost
+	peerLinear uint64 // bit b: device b enabled peer access to this device's linear memory
 }
 
 // New returns the first process on a new simulated GPU configured by
@@ -216,7 +222,7 @@ func New(cfg Config) *Device {
 	if cfg.Granularity < simLinearAlign {
 		panic(fmt.Sprintf("sim: New: Granularity %d is below %d bytes", cfg.Granularity, simLinearAlign))
 	}
-	g := &simGPU{capacity: cfg.Capacity}
+	g := &simGPU{mu: new(sync.Mutex), capacity: cfg.Capacity, ngpus: 1}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.newProcess(cfg)
@@ -249,7 +255,12 @@ const simVASpan uint64 = 1 << 42
 
 func (g *simGPU) newProcess(cfg Config) *Device {
 	p := len(g.procs)
-	base := simVATop - uint64(p%simMaxWindows)*simVASpan
+	// The GPUs of a Host share one address space (unified virtual
+	// addressing): GPU k's processes take the windows after those of the
+	// GPUs before it, interleaved so that process 0 of every GPU, the
+	// Host's own process, comes first.
+	w := p*g.ngpus + g.index
+	base := simVATop - uint64(w%simMaxWindows)*simVASpan
 	s := &Device{
 		g:       g,
 		cfg:     cfg,

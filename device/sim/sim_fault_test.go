@@ -86,6 +86,8 @@ func TestSimInjectedFailuresChangeNothing(t *testing.T) {
 		device.CallMemPoolGetAttribute: func() error { _, err := s.MemPoolGetAttribute(device.MemPoolReservedMemCurrent); return err },
 		device.CallMemPoolSetAttribute: func() error { return s.MemPoolSetAttribute(device.MemPoolReleaseThreshold, 1) },
 		device.CallMemsetD8Async:       func() error { return s.MemsetD8Async(va+1, 1, 3, 0) },
+		device.CallCtxEnablePeerAccess: func() error { return s.EnablePeerAccess(0) },
+		device.CallMemcpyDtoDAsync:     func() error { return s.MemcpyDtoDAsync(va, va+uintptr(g), 4, 0) },
 	}
 	require.Len(t, calls, int(device.NumCalls))
 	for c := range device.NumCalls {

@@ -46,8 +46,9 @@ type simMapping struct {
 	start  uintptr
 	size   uint64
 	ph     *simPhys
-	access bool // MemSetAccess granted read-write
-	gone   bool // unmapped
+	access bool   // MemSetAccess granted read-write
+	peers  uint64 // bit b: MemSetAccessPeers granted device b read-write (sim_host.go)
+	gone   bool   // unmapped
 }
 
 // mappingAt returns the mapping of reservation r containing addr and its

@@ -1,0 +1,261 @@
+package pool
+
+// Sharing a GPU: the cap, and the out-of-memory path under contention.
+//
+// The cap is MaxFraction × total (the device's total memory as
+// cuMemGetInfo reported it at New), fixed for the pool's life: see the
+// package doc for why, and for the arithmetic with K processes.
+//
+// When the index has no block for a request and the pool cannot grow, the
+// out-of-memory path used to return every unused page to the driver and
+// then map what the request needed: under contention each failure undid
+// the pool's own cache of memory, and the next request mapped it again
+// (on an H200, about 100 cuMemCreate per successful allocation with two
+// processes oversubscribed 1.5×). Now it
+//
+//  1. flushes the per-P caches and waits for pending stream-ordered frees,
+//     as before;
+//  2. searches the index again (searchRecycling), weighing up to 32 free
+//     blocks for the one lying on the fewest released pages
+//     (placeMapped); where that block lies partly on released pages, and
+//     the memory in use stays within 90% of the cap (mayRecycle), it
+//     moves exactly the pages the block lacks from under other free
+//     blocks (the smallest first, recycle) to the spares, unmapped but
+//     kept (cuMemUnmap), and maps them under the block (cuMemMap,
+//     cuMemSetAccess; no cuMemRelease and cuMemCreate);
+//  3. if the index has no block, moves at most what the request needs
+//     (releaseFor: its size rounded up to pages, plus one page for a
+//     block that straddles) to the spares, and grows once more, mapping
+//     the spares first; a chunk pool frees wholly free chunks up to that
+//     amount instead. It fails if that fails;
+//  4. remembers the failure (oomMemo): until the pool next frees a block
+//     under its lock, a request at least as large fails at once after the
+//     growth attempt (which still sees memory other processes gave back),
+//     skipping steps 1 to 3, at most oomMemoSkips times in a row.
+//
+// Unused memory goes back to other processes when they need it through
+// FreeFloorFraction, Trim, or a background scavenger, not on every error.
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/gpumem/tlsf/tlsf"
+)
+
+// oomMemoSkips bounds the requests failed from the memo in a row: frees
+// the per-P caches absorb (blocks of Cache.MaxSize and below) do not clear
+// the memo, so every 64th request runs the whole path and flushes them.
+// 64 makes a run of failures cost about 1/64 of a flush and release each.
+const oomMemoSkips = 64
+
+// seenFree is the device's free memory in bytes as the current request's
+// last growth attempt read it (cuMemGetInfo), so that its out-of-memory
+// error can report it without another driver call.
+type seenFree struct {
+	free uint64
+	ok   bool
+}
+
+// oomMemo is the last request the out-of-memory path failed.
+type oomMemo struct {
+	size  uint64 // bytes; 0: no failure remembered
+	frees uint64 // counters.frees at the failure
+	skips int    // requests failed from the memo since
+}
+
+// remembered reports whether a request of size bytes is bound to fail as
+// the remembered one did, and counts the skip.
+func (p *Pool) remembered(size uint64) bool {
+	m := &p.oom
+	if m.size == 0 || size < m.size || p.c.frees != m.frees || m.skips >= oomMemoSkips {
+		return false
+	}
+	m.skips++
+	return true
+}
+
+// rememberOOM records a failed request of size bytes.
+func (p *Pool) rememberOOM(size uint64) {
+	s := size
+	if p.oom.size != 0 && p.oom.frees == p.c.frees {
+		s = min(s, p.oom.size)
+	}
+	p.oom = oomMemo{size: s, frees: p.c.frees}
+}
+
+// releaseFor makes room for a request of size bytes aligned to align
+// after it failed: a VMM pool moves the pages of at most what the request
+// needs to its spares; a chunk pool frees wholly free chunks up to that
+// amount. It returns the bytes moved or freed.
+func (p *Pool) releaseFor(size, align uint64) (uint64, error) {
+	if p.heap == nil {
+		return 0, nil
+	}
+	g := p.heap.granularity()
+	need := roundUp(size+max(align, indexGranularity)-indexGranularity, g) + g
+	if err := p.ss.syncDirty(); err != nil {
+		return 0, err
+	}
+	if _, vmm := p.heap.(*vmmHeap); !vmm {
+		n, err := p.heap.release(need, false)
+		p.noteReleased(n)
+		return n, err
+	}
+	n, err := p.heap.release(need, true)
+	p.c.recycledBytes += n
+	return n, err
+}
+
+// searchRecycling is search for the out-of-memory path: where the block
+// found lies partly on released pages (holes) and mapping them would cross
+// the cap or the device has too little free memory, it first moves as
+// many pages as the holes lack (beyond the spares) from under other free
+// blocks to the spares. The block is allocated in the index meanwhile, so
+// its own pages are not taken. On error the index is unchanged (moved
+// pages stay spares, counted as reserved).
+func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
+	h, vmm := p.heap.(*vmmHeap)
+	if !vmm {
+		return p.search(size, align)
+	}
+	alloc := func() (tlsf.Block, error) {
+		if align > indexGranularity {
+			return p.x.AllocAligned(size, align)
+		}
+		return p.x.Alloc(size)
+	}
+	b, err := alloc()
+	if err != nil {
+		return b, err
+	}
+	need := h.unbacked(b)
+	if need > 0 {
+		b, need = p.placeMapped(h, b, need, alloc)
+	}
+	if short := need - min(need, h.spare()); short > 0 && p.mayRecycle(b.Size) {
+		rerr := p.ss.syncDirty()
+		if rerr == nil {
+			var n uint64
+			n, rerr = h.recycle(short)
+			p.c.recycledBytes += n
+		}
+		if rerr != nil {
+			_, _ = p.x.Free(b.Addr)
+			return tlsf.Block{}, rerr
+		}
+	}
+	if need > 0 {
+		capped, limit, _ := p.cap()
+		if capped && p.reserved()+need-min(need, h.spare()) > limit {
+			_, _ = p.x.Free(b.Addr)
+			return tlsf.Block{}, errNoRoom
+		}
+		if err := h.back(b); err != nil {
+			_, _ = p.x.Free(b.Addr)
+			return tlsf.Block{}, err
+		}
+		p.noteReserved()
+	}
+	return b, nil
+}
+
+// recycle moves the physical pages of up to limit bytes lying wholly under
+// free blocks to the spares (cuMemUnmap; the handles are kept), taking
+// them from the smallest free blocks first: a small free block is the
+// least use to the next request, a large one the most, and emptying it
+// would only make the next large request move its pages back. Unlike
+// release, it takes pages from the free top of the heap too: the block
+// they go to is placed already, no growth follows. It returns the bytes
+// moved. The caller has synchronized the streams that freed memory.
+func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
+	if err := h.unmapStrays(); err != nil {
+		return 0, err
+	}
+	type run struct{ first, n, blockSize uint64 }
+	var free []run
+	h.x.Walk(func(b tlsf.Block) bool {
+		if !b.Free {
+			return true
+		}
+		first := (b.Addr - h.base + h.gran - 1) / h.gran
+		end := (b.Addr + b.Size - h.base) / h.gran
+		for _, r := range runs(h.mapped, first, end, true) {
+			free = append(free, run{r[0], r[1], b.Size})
+		}
+		return true
+	})
+	slices.SortStableFunc(free, func(a, b run) int { return cmp.Compare(a.blockSize, b.blockSize) })
+	var moved uint64
+	for _, r := range free {
+		if moved >= limit {
+			break
+		}
+		n := min(r.n, (limit-moved+h.gran-1)/h.gran)
+		if err := h.unmap(r.first+r.n-n, n, true); err != nil {
+			return moved, err
+		}
+		h.holes += n
+		moved += n * h.gran
+	}
+	return moved, nil
+}
+
+// recycleLiveFraction: the out-of-memory path moves pages only while the
+// memory in use, the request included, stays within this fraction of the
+// cap. Beyond it the free memory left is at most a tenth of the cap,
+// scattered between live blocks, and gathering it for one request costs a
+// cuMemUnmap and a cuMemMap per page moved (hundreds for a 1 GiB block
+// of 2 MiB pages) that the next request undoes: the request fails instead.
+// 0.9 matches the promise that a pool whose live bytes are within 90% of
+// its share does not fail for want of contiguous memory.
+const recycleLiveFraction = 0.9
+
+// mayRecycle reports whether a request of size bytes may move pages: the
+// pool has no cap, or the memory in use plus size is within
+// recycleLiveFraction of it.
+func (p *Pool) mayRecycle(size uint64) bool {
+	capped, limit, _ := p.cap()
+	if !capped {
+		return true
+	}
+	used := p.c.active
+	if p.cache != nil {
+		used += p.cache.sysBytes
+	}
+	return float64(used+size) <= recycleLiveFraction*float64(limit)
+}
+
+// placeCandidates is how many free blocks the out-of-memory path weighs
+// for a request (placeMapped): each costs two O(1) index operations and a
+// walk over its pages (about 1 µs), a page moved a cuMemMap and a share of
+// a cuMemUnmap and a cuMemSetAccess (tens of µs on an H200). Measured on
+// the simulated H200 with tlsf-stress multi's workload (K = 2, 1.5×
+// oversubscribed): 1, 8, 32, 128 candidates give 11, 5.6, 4.7, 4.1 driver
+// calls per operation; 32 keeps the search within tens of µs.
+const placeCandidates = 32
+
+// placeMapped looks for a free block that lies on fewer released pages
+// than b (need bytes of them): it takes up to placeCandidates blocks from
+// the index in good-fit order, keeps the one lacking the fewest pages and
+// frees the others (they merge back as they were). TLSF's good fit knows
+// nothing of pages; under the cap, every page it lacks is a page moved.
+func (p *Pool) placeMapped(h *vmmHeap, b tlsf.Block, need uint64, alloc func() (tlsf.Block, error)) (tlsf.Block, uint64) {
+	cands := []tlsf.Block{b}
+	for len(cands) < placeCandidates && need > 0 {
+		c, err := alloc()
+		if err != nil {
+			break
+		}
+		cands = append(cands, c)
+		if n := h.unbacked(c); n < need {
+			b, need = c, n
+		}
+	}
+	for _, c := range cands {
+		if c.Addr != b.Addr {
+			_, _ = p.x.Free(c.Addr)
+		}
+	}
+	return b, need
+}

@@ -1,0 +1,260 @@
+package pool
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// shareJob is one simulated process of a sharing test: a pool and a
+// workload that wants more than its share.
+type shareJob struct {
+	p      *Pool
+	d      testDevice
+	rng    *rand.Rand
+	live   []uintptr
+	sizes  map[uintptr]uint64
+	bytes  uint64 // live bytes
+	target uint64 // live bytes it wants
+	ooms   int
+	// failedUnder counts failed allocations while live bytes, the request
+	// included, were within 90% of the share.
+	failedUnder int
+	share       uint64
+}
+
+func newShareJob(t *testing.T, d testDevice, o Options, seed uint64, share, target uint64) *shareJob {
+	return &shareJob{p: openPool(t, d, o), d: d, rng: rand.New(rand.NewPCG(seed, 7)),
+		sizes: map[uintptr]uint64{}, target: target, share: share}
+}
+
+// step frees a random block when over the target (or one time in three),
+// else allocates a block of 2 to 64 MiB (log-uniform).
+func (j *shareJob) step(t *testing.T) {
+	if len(j.live) > 0 && (j.bytes >= j.target || j.rng.IntN(3) == 0) {
+		i := j.rng.IntN(len(j.live))
+		ptr := j.live[i]
+		require.NoError(t, j.p.Free(ptr))
+		j.bytes -= j.sizes[ptr]
+		delete(j.sizes, ptr)
+		j.live[i] = j.live[len(j.live)-1]
+		j.live = j.live[:len(j.live)-1]
+		return
+	}
+	n := uint64(2*miB) << j.rng.IntN(6)
+	ptr, err := j.p.Alloc(n)
+	if err != nil {
+		require.ErrorIs(t, err, ErrOutOfMemory)
+		j.ooms++
+		if float64(j.bytes+n) <= 0.9*float64(j.share) {
+			j.failedUnder++
+			if j.failedUnder == 1 {
+				t.Logf("failed at %d MiB live + %d MiB: %v", j.bytes/miB, n/miB, err)
+			}
+		}
+		return
+	}
+	j.live = append(j.live, ptr)
+	j.sizes[ptr] = n
+	j.bytes += n
+}
+
+func (j *shareJob) freeAll(t *testing.T) {
+	for _, ptr := range j.live {
+		require.NoError(t, j.p.Free(ptr))
+	}
+	j.live, j.bytes = nil, 0
+}
+
+// shareRatio is max / min of the jobs' peak reserved bytes.
+func shareRatio(jobs []*shareJob) float64 {
+	lo, hi := math.Inf(1), 0.0
+	for _, j := range jobs {
+		r := float64(j.p.Stats().ReservedPeak)
+		lo, hi = min(lo, r), max(hi, r)
+	}
+	return hi / lo
+}
+
+// K identical processes with MaxFraction 1/K, oversubscribed 1.5×, end
+// with equal shares whether they start together or one after another, and
+// none fails while its live bytes are within 90% of its share.
+func TestKProcessesGetEqualShares(t *testing.T) {
+	const capacity = 2 * giB
+	for _, k := range []int{2, 3, 4} {
+		for _, staggered := range []bool{false, true} {
+			for _, be := range []Backend{BackendVMM, BackendChunks} {
+				t.Run(fmt.Sprintf("K=%d/staggered=%v/%v", k, staggered, be), func(t *testing.T) {
+					first := sim.New(sim.Config{Capacity: capacity})
+					share := uint64(capacity) / uint64(k)
+					jobs := make([]*shareJob, k)
+					for i := range jobs {
+						sd := first
+						if i > 0 {
+							sd = first.NewProcess()
+						}
+						jobs[i] = newShareJob(t, onSim(sd), Options{Backend: be, MaxFraction: 1 / float64(k)},
+							uint64(i+1), share, share*3/2)
+					}
+					const steps = 1500
+					if staggered {
+						// Each starts when those before it have run a while
+						// and hold their shares.
+						for i, j := range jobs {
+							for range steps {
+								for _, prev := range jobs[:i+1] {
+									prev.step(t)
+								}
+								_ = j
+							}
+						}
+					} else {
+						for range steps {
+							for _, j := range jobs {
+								j.step(t)
+							}
+						}
+					}
+					for i, j := range jobs {
+						st := j.p.Stats()
+						t.Logf("proc %d: peak reserved %d MiB of share %d MiB, %d OOM, %d failed under 90%%, calls %v",
+							i, st.ReservedPeak/miB, share/miB, j.ooms, j.failedUnder, st.DeviceCalls)
+						assert.LessOrEqual(t, st.ReservedPeak, share, "proc %d: within its cap", i)
+						assert.Positive(t, j.ooms, "proc %d: oversubscribed, some requests fail", i)
+						checkStep(t, j.p, j.d)
+					}
+					assert.LessOrEqual(t, shareRatio(jobs), 1.10, "max share / min share")
+					if be == BackendVMM {
+						// Chunk pools cannot move memory between chunks: a
+						// request may fail for want of a contiguous chunk.
+						for i, j := range jobs {
+							assert.Zero(t, j.failedUnder, "proc %d failed while within 90%% of its share", i)
+						}
+					}
+					for _, j := range jobs {
+						j.freeAll(t)
+						checkStep(t, j.p, j.d)
+					}
+				})
+			}
+		}
+	}
+}
+
+// A process that went idle holding unused memory (no cap) starves a
+// neighbour until that memory is returned (Trim here; a scavenger in the
+// background later). The neighbour's failures are clean and cheap, and
+// its first request after the return succeeds: the remembered failure
+// does not outlive the memory coming back.
+func TestAnIdleNeighboursMemoryServesAfterItIsReturned(t *testing.T) {
+	for _, be := range []Backend{BackendVMM, BackendChunks} {
+		t.Run(be.String(), func(t *testing.T) {
+			sa := sim.New(sim.Config{Capacity: giB})
+			da, db := onSim(sa), onSim(sa.NewProcess())
+			a := openPool(t, da, Options{Backend: be})
+			b := openPool(t, db, Options{Backend: be, MaxFraction: 0.5})
+			var ptrs []uintptr
+			for {
+				ptr, err := a.Alloc(64 * miB)
+				if err != nil {
+					break
+				}
+				ptrs = append(ptrs, ptr)
+			}
+			for _, ptr := range ptrs {
+				require.NoError(t, a.Free(ptr))
+			}
+			require.Positive(t, a.Stats().Reserved, "idle, holding its memory")
+
+			before := b.Stats()
+			for range 5 {
+				_, err := b.Alloc(128 * miB)
+				require.ErrorIs(t, err, ErrOutOfMemory)
+				require.ErrorIs(t, err, device.ErrOutOfMemory, "the device, not the cap, refused")
+			}
+			after := b.Stats()
+			assert.Equal(t, withoutCounters(before), withoutCounters(after), "failures change nothing")
+			assert.Equal(t, before.Retries+1, after.Retries, "the full out-of-memory path ran once; the repeats were remembered")
+			assert.LessOrEqual(t, after.DeviceCalls.Total()-before.DeviceCalls.Total(), uint64(10),
+				"five failures, few driver calls: %v", after.DeviceCalls)
+			checkStep(t, b, db)
+
+			_, err := a.Trim()
+			require.NoError(t, err)
+			ptr, err := b.Alloc(128 * miB)
+			require.NoError(t, err, "the neighbour's memory came back")
+			ptr2, err := b.Alloc(384 * miB)
+			require.NoError(t, err, "up to the share")
+			_, err = b.Alloc(2 * miB)
+			require.ErrorIs(t, err, ErrOutOfMemory, "and no further: the cap")
+			require.NotErrorIs(t, err, device.ErrOutOfMemory)
+			checkStep(t, b, db)
+			require.NoError(t, b.Free(ptr))
+			require.NoError(t, b.Free(ptr2))
+		})
+	}
+}
+
+// A remembered failure is forgotten at the next free: the request after
+// it runs the whole path again.
+func TestARememberedFailureIsForgottenAfterAFree(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{MaxBytes: 256 * miB})
+	a, err := p.Alloc(200 * miB)
+	require.NoError(t, err)
+	b, err := p.Alloc(40 * miB)
+	require.NoError(t, err)
+	for range 3 {
+		_, err = p.Alloc(100 * miB)
+		require.ErrorIs(t, err, ErrOutOfMemory)
+	}
+	assert.Equal(t, uint64(1), p.Stats().Retries)
+	_, err = p.Alloc(60 * miB)
+	require.ErrorIs(t, err, ErrOutOfMemory, "a smaller request runs the path again")
+	assert.Equal(t, uint64(2), p.Stats().Retries)
+	require.NoError(t, p.Free(b))
+	_, err = p.Alloc(100 * miB)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	assert.Equal(t, uint64(3), p.Stats().Retries, "a free clears the memory")
+	c, err := p.Alloc(50 * miB)
+	require.NoError(t, err)
+	checkStep(t, p, d)
+	require.NoError(t, p.Free(a))
+	require.NoError(t, p.Free(c))
+}
+
+// Under the cap, the out-of-memory path moves the pages a request lacks
+// instead of returning every unused page to the driver.
+func TestTheOutOfMemoryPathMovesOnlyWhatIsNeeded(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 256 * miB, Cache: CacheOptions{Disable: true}})
+	// Fill the cap with 32 blocks of 8 MiB, free every other one: 128 MiB
+	// free in 8 MiB pieces, none of them 16 MiB long.
+	var ptrs []uintptr
+	for range 32 {
+		ptr, err := p.Alloc(8 * miB)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	for i := 0; i < len(ptrs); i += 2 {
+		require.NoError(t, p.Free(ptrs[i]))
+	}
+	before := p.Stats()
+	big, err := p.Alloc(16 * miB)
+	require.NoError(t, err, "gathered from the free pieces")
+	after := p.Stats()
+	assert.Zero(t, after.Releases-before.Releases, "nothing went back to the driver")
+	assert.LessOrEqual(t, after.RecycledBytes-before.RecycledBytes, uint64(16*miB+2*miB), "moved what it needed")
+	assert.Zero(t, after.DeviceCalls[device.CallMemCreate]-before.DeviceCalls[device.CallMemCreate], "no new physical memory")
+	assert.LessOrEqual(t, after.Reserved, uint64(256*miB))
+	require.NoError(t, sd.MemsetD32(big, 1, wordCount(16*miB)))
+	checkStep(t, p, d)
+}
