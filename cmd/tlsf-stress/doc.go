@@ -50,11 +50,12 @@
 // traces. A malformed file is an error naming the file and the line (or
 // byte offset, or pickle element).
 //
-// Each trace is replayed twice per backend on one allocator on a fresh
-// device (on a GPU, the same device, with each allocator closed and the
-// driver's pool trimmed in between): the first replay warms the allocator
-// and the second is timed, so ns_per_op is the warm cost per alloc or
-// free, as are the peers' figures (trace.Baselines, measured on an H200)
+// Each trace is compiled (IDs to dense slots, replay.Compile) and then
+// replayed per backend on one allocator on a fresh device (on a GPU, the
+// same device, with each allocator closed and the driver's pool trimmed
+// in between): the first replay warms the allocator (cold_ns_per_op) and
+// --warm-runs more (default 10) are timed; ns_per_op is their median, the
+// warm cost per alloc or free, as are the peers' figures (trace.Baselines, measured on an H200)
 // that the table prints beside ours. Blocks a trace leaves live are freed
 // after each replay. Trace streams other than 0 map to streams created
 // for the replay. On the simulated device ns_per_op is host time only
@@ -83,14 +84,16 @@
 //	min_cap_bytes        uint64   with --min-cap only: the smallest cap with no failed allocation
 //	min_cap_over_live    float64  with --min-cap only: min_cap_bytes / peak_live_bytes
 //	min_cap_runs         int      with --min-cap only: replays the bisection ran
-//	ns_per_op            float64  warm wall time per op (the second replay)
+//	ns_per_op            float64  warm wall time per op: the median of the warm replays
+//	min_ns_per_op        float64  the fastest warm replay's wall time per op
+//	warm_runs            int      warm replays timed (--warm-runs)
 //	cold_ns_per_op       float64  wall time per op of the first replay
-//	device_ns_per_op     float64  sim only: modelled driver time per op of the second replay
-//	device_calls         uint64   driver calls the allocator made, creation and both replays
-//	warm_device_calls    uint64   of those, during the timed replay
+//	device_ns_per_op     float64  sim only: modelled driver time per op, warm replays
+//	device_calls         uint64   driver calls the allocator made, creation and all replays
+//	warm_device_calls    uint64   of those, during the warm replays (all of them)
 //	device_calls_by_name object   driver entry point → calls, the non-zero ones
 //	failed_allocs        int      allocations that failed in the first replay
-//	warm_failed_allocs   int      allocations that failed in the second replay
+//	warm_failed_allocs   int      allocations that failed in the warm replays
 //	first_error          string   the first allocation error, if any (omitted otherwise)
 //
 // # run

@@ -41,6 +41,7 @@ type replayOpts struct {
 	minCap   bool
 	json     bool
 	plot     string
+	warmRuns int
 }
 
 func newReplayCmd(g *globalFlags) *cobra.Command {
@@ -49,9 +50,10 @@ func newReplayCmd(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "replay [flags] [TRACE...]",
 		Short: "Replay allocation traces through the pool and its peers",
-		Long: `Replay allocation traces through each backend, twice on the same allocator: the
-first replay warms it, the second is timed, so ns/op is the warm replay cost
-per alloc or free, as the peers' figures are.
+		Long: `Replay allocation traces through each backend on one allocator: the first
+replay warms it (its cost is cold ns/op), then --warm-runs more are timed, and
+ns/op is their median: the warm replay cost per alloc or free, as the peers'
+figures are. Trace IDs are compiled to dense slots before anything is timed.
 
 A TRACE is a file (this project's text format, a PyTorch memory snapshot
 pickle, or an RMM logging_resource_adaptor CSV log, plain or gzip, told apart
@@ -88,6 +90,7 @@ T), or, written with a decimal point, a fraction of the device's memory:
 	f.Var(&o.cap, "cap", "cap on device memory: bytes (suffixes KiB..TiB), or a fraction of total memory such as 0.5")
 	f.BoolVar(&o.minCap, "min-cap", false, "find by bisection the smallest cap under which the trace replays with no failed allocation")
 	f.BoolVar(&o.json, "json", false, "print one JSON object per trace and backend (schema in the package doc) instead of a table")
+	f.IntVar(&o.warmRuns, "warm-runs", replay.MinWarmRuns, "warm replays timed per trace and backend; ns/op is their median")
 	f.StringVar(&o.plot, "plot", "", "write live and reserved bytes over the first replay to `FILE` (.svg or .png; with several traces, FILE-TRACE.ext)")
 	return cmd
 }
@@ -111,6 +114,8 @@ type replayResult struct {
 	MinCapOverLive    *float64          `json:"min_cap_over_live,omitempty"`
 	MinCapRuns        int               `json:"min_cap_runs,omitempty"`
 	NsPerOp           float64           `json:"ns_per_op"`
+	MinNsPerOp        float64           `json:"min_ns_per_op"`
+	WarmRuns          int               `json:"warm_runs"`
 	ColdNsPerOp       float64           `json:"cold_ns_per_op"`
 	DeviceNsPerOp     *float64          `json:"device_ns_per_op,omitempty"`
 	DeviceCalls       uint64            `json:"device_calls"`
@@ -212,13 +217,14 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		Device: dev.Name(), DeviceKind: ds.kind, PeakLiveBytes: t.PeakLive(), CapBytes: capBytes,
 	}
 	sd, _ := dev.(*sim.Device)
+	ct := replay.Compile(t)
 	var simT0, simT1 time.Duration
 	err = withAllocator(dev, t, be, allocOptions{capBytes: capBytes}, func(a replayAllocator) error {
 		every := 0
 		if o.plot != "" {
 			every = max(1, len(t.Ops)/plotPoints)
 		}
-		cold, series, err := replayTrace(t, a, every)
+		cold, series, err := replayTrace(ct, a, every)
 		if err != nil {
 			return err
 		}
@@ -230,22 +236,22 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		if sd != nil {
 			simT0 = sd.SimTime()
 		}
-		warm, _, err := replayTrace(t, a, 0)
+		w, err := ct.Warm(a, max(o.warmRuns, 1), nil)
 		if err != nil {
 			return err
 		}
+		warm := w.Last
+		warm.Failed = w.Failed
 		if sd != nil {
 			simT1 = sd.SimTime()
 		}
 		c1 := a.calls()
-		if err := warm.FreeLeft(a); err != nil {
-			return err
-		}
 		peak, err := a.peakReserved()
 		if err != nil {
 			return err
 		}
-		r.Ops, r.NsPerOp, r.ColdNsPerOp = warm.Ops, warm.NsPerOp(), cold.NsPerOp()
+		r.Ops, r.NsPerOp, r.ColdNsPerOp = warm.Ops, w.MedianNsPerOp, cold.NsPerOp()
+		r.MinNsPerOp, r.WarmRuns = w.MinNsPerOp, len(w.Runs)
 		r.FailedAllocs, r.WarmFailedAllocs = cold.Failed, warm.Failed
 		if cold.FirstErr != nil {
 			r.FirstError = cold.FirstErr.Error()
@@ -256,7 +262,7 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		r.DeviceCalls, r.WarmDeviceCalls = c1.Total(), c1.Total()-c0.Total()
 		r.DeviceCallsByName = c1.Map()
 		if sd != nil && warm.Ops > 0 {
-			v := float64(simT1-simT0) / float64(warm.Ops)
+			v := float64(simT1-simT0) / float64(warm.Ops) / float64(len(w.Runs))
 			r.DeviceNsPerOp = &v
 		}
 		return nil
@@ -278,13 +284,14 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 // findMinCap bisects the cap between peak live and peak reserved bytes
 // (raised if need be), a fresh allocator on a fresh device per probe.
 func findMinCap(ds *devices, t *trace.Trace, be string, r *replayResult) error {
+	ct := replay.Compile(t)
 	hi := max(r.PeakReservedBytes, r.PeakLiveBytes) + minCapStep
 	c, runs, err := replay.MinCap(r.PeakLiveBytes, hi, minCapStep, func(capBytes uint64) (bool, error) {
 		dev, release := ds.get()
 		defer release()
 		ok := false
 		err := withAllocator(dev, t, be, allocOptions{capBytes: capBytes}, func(a replayAllocator) error {
-			res, _, err := replayTrace(t, a, 0)
+			res, _, err := replayTrace(ct, a, 0)
 			if err != nil {
 				return err
 			}
@@ -313,10 +320,16 @@ type replayAllocator struct {
 }
 
 func (a replayAllocator) Alloc(size, stream uint64) (uintptr, error) {
+	if stream == 0 {
+		return a.AllocOn(size, 0)
+	}
 	return a.AllocOn(size, a.streams[stream])
 }
 
 func (a replayAllocator) Free(ptr uintptr, stream uint64) error {
+	if stream == 0 {
+		return a.FreeOn(ptr, 0)
+	}
 	return a.FreeOn(ptr, a.streams[stream])
 }
 
@@ -346,12 +359,17 @@ func withAllocator(dev device.Device, t *trace.Trace, be string, o allocOptions,
 	return errors.Join(err, a.close())
 }
 
-// replayTrace replays t through a (replay.RunSampled) and returns the
-// result, whose Left a warm replay on the same allocator must free first,
-// and, every every ops (0: never), a sample of live and reserved bytes.
-func replayTrace(t *trace.Trace, a replayAllocator, every int) (replay.Result, []sample, error) {
+// replayTrace replays compiled trace t through a (RunSampled) and
+// returns the result, whose Left a warm replay on the same allocator must
+// free first, and, every every ops (0: never), a sample of live and
+// reserved bytes.
+func replayTrace(t *replay.Compiled, a replayAllocator, every int) (replay.Result, []sample, error) {
+	if every == 0 {
+		res, err := t.Run(a)
+		return res, nil, err
+	}
 	var series []sample
-	res, err := replay.RunSampled(t, a, every, func(op int, live uint64) error {
+	res, err := t.RunSampled(a, every, func(op int, live uint64) error {
 		rsv, err := a.reserved()
 		series = append(series, sample{Op: op, Live: live, Reserved: rsv})
 		return err
@@ -363,14 +381,15 @@ func replayTrace(t *trace.Trace, a replayAllocator, every int) (replay.Result, [
 // peers' figures on the H200 (trace.Baselines) below ours.
 func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 	fmt.Fprintf(w, "Replay on %s (%s). ns/op is the warm cost per alloc or free: each trace is\n", ds.name(), ds.kind)
-	fmt.Fprintln(w, "replayed once to warm the allocator, then again on it, timed; peers' figures are warm too.")
+	fmt.Fprintln(w, "replayed once to warm the allocator (cold ns/op), then timed on it several times: the median")
+	fmt.Fprintln(w, "and the minimum of those warm replays. Peers' figures are warm too.")
 	sd := ds.kind == deviceSim
 	if sd {
 		fmt.Fprintln(w, "On the simulated device ns/op is host time only; drv ns/op is the modelled driver time per op.")
 	}
 	baselines, _ := trace.Baselines()
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "trace\tbackend\tops\tns/op\t"
+	head := "trace\tbackend\tops\tns/op\tmin ns/op\tcold ns/op\t"
 	if sd {
 		head += "drv ns/op\t"
 	}
@@ -382,7 +401,7 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 			fmt.Fprintln(tw, "\t")
 		}
 		last = r.Trace
-		row := fmt.Sprintf("%s\t%s\t%d\t%.0f\t", r.Trace, r.Backend, r.Ops, r.NsPerOp)
+		row := fmt.Sprintf("%s\t%s\t%d\t%.0f\t%.0f\t%.0f\t", r.Trace, r.Backend, r.Ops, r.NsPerOp, r.MinNsPerOp, r.ColdNsPerOp)
 		if sd {
 			row += fmt.Sprintf("%s\t", optFloat(r.DeviceNsPerOp, "%.0f"))
 		}
@@ -397,7 +416,7 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 		}
 		for _, name := range slices.Sorted(maps.Keys(bl.Peers)) {
 			p := bl.Peers[name]
-			row := fmt.Sprintf("%s\tpeer %s\t%d\t%s\t", r.Trace, name, bl.Ops, zeroDash(p.WarmNsPerOp, "%.0f"))
+			row := fmt.Sprintf("%s\tpeer %s\t%d\t%s\t\t\t", r.Trace, name, bl.Ops, zeroDash(p.WarmNsPerOp, "%.0f"))
 			if sd {
 				row += "\t"
 			}
