@@ -341,6 +341,14 @@ func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
 			return b, nil
 		}
 	}
+	if p.cache.reclaimOthers() {
+		// Blocks other Ps cache and the central lists come back before the
+		// heap grows, so that which P a goroutine ran on does not decide
+		// reserved memory.
+		if b, err := p.search(size, align); err == nil {
+			return b, nil
+		}
+	}
 	b, err := p.growAndSearch(size, align)
 	if err == nil || !retryable(err) {
 		return b, p.growError(size, err)
@@ -478,7 +486,7 @@ func (p *Pool) oomError(size uint64, cause error) error {
 	free, total, _ := p.dev.MemGetInfo()
 	var largest uint64
 	if p.pt == nil {
-		largest = p.x.LargestFree()
+		largest = p.x.LargestAlloc()
 	}
 	limit := "no cap"
 	if capped, c := p.capFrom(free); capped {

@@ -41,8 +41,12 @@ type Stats struct {
 
 	// IndexFree is the free bytes in the index; for a VMM pool it
 	// includes address space whose pages were released. LargestFree is
-	// the largest free block, and Fragmentation is 1 − LargestFree /
-	// IndexFree (0 when nothing is free).
+	// the largest request in bytes that Alloc serves from the index's free
+	// space without growing (tlsf.Index.LargestAlloc: the largest free
+	// block rounded down to a size-class boundary, since good fit rounds
+	// requests up to one; an Alloc of it may still fail if released pages
+	// under it cannot be mapped again within the cap), and Fragmentation
+	// is 1 − LargestFree / IndexFree (0 when nothing is free).
 	IndexFree     uint64
 	LargestFree   uint64
 	Fragmentation float64
@@ -99,9 +103,9 @@ func (p *Pool) statsLocked() Stats {
 	s.Allocs, s.Frees = c.allocs, c.frees
 	if p.pt == nil {
 		st := p.x.Stats()
-		s.IndexFree, s.LargestFree, s.FreeBlocks = st.Free, st.LargestFree, st.FreeBlocks
+		s.IndexFree, s.LargestFree, s.FreeBlocks = st.Free, p.x.LargestAlloc(), st.FreeBlocks
 		if st.Free > 0 {
-			s.Fragmentation = 1 - float64(st.LargestFree)/float64(st.Free)
+			s.Fragmentation = 1 - float64(s.LargestFree)/float64(st.Free)
 		}
 	}
 	return s
