@@ -2,6 +2,7 @@ package pool
 
 import (
 	"fmt"
+	"math/bits"
 	"runtime"
 	"sync/atomic"
 	_ "unsafe" // go:linkname
@@ -171,6 +172,18 @@ type cacheSet struct {
 	ps       []pcache
 	share    atomic.Uint64 // bytes a P's stacks may hold
 
+	// small is a VMM pool's filter of pages that ever held a block given
+	// to a cache: bit i of word i/64 for page i of the range from
+	// smallBase, smallShift = log2(page size). A free of a pointer whose
+	// page has no bit set skips the probe of its P's table (a large block,
+	// or a foreign pointer) and takes the lock at once. Bits are set under
+	// the pool's lock before a block reaches a cache and are never cleared:
+	// a page that once held a cached block costs frees on it the probe.
+	// nil for a chunk pool (always probe).
+	small      []atomic.Uint64
+	smallBase  uint64
+	smallShift uint
+
 	// The fields above are read by every P on every call; those below are
 	// written under the pool's lock. Keep them on different cache lines.
 	_ [64]byte
@@ -207,7 +220,41 @@ func newCacheSet(p *Pool, o CacheOptions) *cacheSet {
 	}
 	c.central = make([][]cblock, maxClass+1)
 	c.share.Store(minShare)
+	if h, ok := p.heap.(*vmmHeap); ok {
+		pages := h.vsize / h.gran
+		c.small = make([]atomic.Uint64, (pages+63)/64)
+		c.smallBase, c.smallShift = h.base, uint(bits.TrailingZeros64(h.gran))
+	}
 	return c
+}
+
+// markSmall sets the filter bits of the pages block b touches. Pool lock
+// held.
+func (c *cacheSet) markSmall(b tlsf.Block) {
+	if c.small == nil {
+		return
+	}
+	first := (b.Addr - c.smallBase) >> c.smallShift
+	last := (b.Addr + b.Size - 1 - c.smallBase) >> c.smallShift
+	for pg := first; pg <= last; pg++ {
+		w := &c.small[pg/64]
+		if bit := uint64(1) << (pg % 64); w.Load()&bit == 0 {
+			w.Or(bit)
+		}
+	}
+}
+
+// maybeCached reports whether ptr may be a block a cache handed out
+// (false: certainly not).
+func (c *cacheSet) maybeCached(ptr uintptr) bool {
+	if c.small == nil {
+		return true
+	}
+	pg := (uint64(ptr) - c.smallBase) >> c.smallShift
+	if pg/64 >= uint64(len(c.small)) {
+		return false // outside the range: foreign
+	}
+	return c.small[pg/64].Load()&(1<<(pg%64)) != 0
 }
 
 // serves reports whether a request of size bytes on stream s is a cache's.
@@ -337,6 +384,7 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 		for _, nb := range batch {
 			c.sysBytes += nb.Size
 			c.sysBlocks++
+			c.markSmall(nb)
 		}
 		p.notePeaks()
 	}

@@ -53,6 +53,10 @@ type Pool struct {
 	c          counters
 	closed     bool
 	lockedFree int // frees under the lock since the last policy check
+	// fastMax: requests of 1 to fastMax bytes need no size check beyond
+	// the index's (they round up to less than the heap's virtual range);
+	// 0 for a passthrough pool, whose requests all take allocOdd.
+	fastMax uint64
 
 	cache *cacheSet // nil when caches are off
 }
@@ -115,11 +119,17 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 		if !dev.VMMSupported() {
 			return nil, fmt.Errorf("%w: BackendVMM on %s, which has no virtual memory management", ErrBadOptions, dev.Name())
 		}
-		if p.heap, err = newVMMHeap(p.dev, p.x, o.VirtualSize, total); err != nil {
+		h, err := newVMMHeap(p.dev, p.x, o.VirtualSize, total)
+		if err != nil {
 			return nil, err
 		}
+		p.heap = h
+		// Good fit rounds up by less than 2×: half the range never
+		// rounds past it.
+		p.fastMax = h.vsize / 2
 	case BackendChunks:
 		p.heap = newChunkHeap(p.dev, p.x)
+		p.fastMax = tlsf.MaxSize / 2
 	}
 	if o.InitialFraction > 0 {
 		g := p.heap.granularity()
@@ -194,16 +204,37 @@ func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 // index), apart so that the fast path stays small.
 func (p *Pool) lockedAlloc(size uint64, s device.Stream, cached bool) (uintptr, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	var ptr uintptr
+	var err error
 	if cached {
-		return p.cache.refillLocked(size)
+		ptr, err = p.cache.refillLocked(size)
+	} else {
+		ptr, err = p.allocLocked(size, 0, s)
 	}
-	return p.allocLocked(size, 0, s)
+	p.mu.Unlock()
+	return ptr, err
 }
 
 // allocLocked allocates size bytes aligned to align (0: the index's
-// granularity) for stream s.
+// granularity) for stream s. The common case, a request of a
+// single-stream pool on its stream that the index serves from backed
+// memory, runs here; everything else goes to allocOdd.
 func (p *Pool) allocLocked(size, align uint64, s device.Stream) (uintptr, error) {
+	if st := p.ss.first; p.closed || size-1 >= p.fastMax || align > indexGranularity || st == nil || st.s != s || p.ss.multi {
+		return p.allocOdd(size, align, s)
+	}
+	b, err := p.search(size, 0)
+	if err != nil {
+		if b, err = p.allocMiss(size, 0); err != nil {
+			return 0, err
+		}
+	}
+	p.noteAlloc(b, false)
+	return uintptr(b.Addr), nil
+}
+
+// allocOdd is allocLocked's general case.
+func (p *Pool) allocOdd(size, align uint64, s device.Stream) (uintptr, error) {
 	if p.closed {
 		return 0, ErrClosed
 	}
@@ -601,7 +632,7 @@ func (p *Pool) Free(ptr uintptr) error { return p.FreeOn(ptr, 0) }
 // Errors: ErrDoubleFree, ErrUnknownPointer (foreign, or inside an
 // allocation), ErrClosed; device errors from recording the free's event.
 func (p *Pool) FreeOn(ptr uintptr, s device.Stream) error {
-	if c := p.cache; c != nil && s == 0 && ptr%indexGranularity == 0 && c.free(ptr) {
+	if c := p.cache; c != nil && s == 0 && ptr%indexGranularity == 0 && c.maybeCached(ptr) && c.free(ptr) {
 		return nil
 	}
 	return p.freeSlow(ptr, s)
@@ -610,26 +641,59 @@ func (p *Pool) FreeOn(ptr uintptr, s device.Stream) error {
 // freeSlow is FreeOn's path under the lock.
 func (p *Pool) freeSlow(ptr uintptr, s device.Stream) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.freeLocked(ptr, s)
+	err := p.freeLocked(ptr, s)
+	p.mu.Unlock()
+	return err
 }
 
+// freeLocked frees ptr under the pool's lock. The common case, a live
+// block of a single-stream pool, runs here in one probe of the index's
+// address table (Detach, FreeDetached); everything else goes to
+// freeBlock.
 func (p *Pool) freeLocked(ptr uintptr, s device.Stream) error {
+	if p.closed || p.pt != nil || ptr%indexGranularity != 0 {
+		return p.freeOdd(ptr, s)
+	}
+	b, err := p.x.Detach(uint64(ptr))
+	if err != nil {
+		return translate(err)
+	}
+	st := p.ss.first
+	if p.meta[b.ID].state != stateLive || p.ss.multi || st == nil || st.s != s {
+		p.x.Attach(b)
+		return p.freeBlock(b, s)
+	}
+	p.x.FreeDetached(b)
+	st.dirty = true
+	p.meta[b.ID].state = 0
+	c := &p.c
+	c.frees++
+	c.allocated -= b.Size
+	c.allocations--
+	c.active -= b.Size
+	p.afterLockedFree()
+	return nil
+}
+
+// freeOdd is freeLocked for a closed or passthrough pool, or a pointer
+// no block can start at.
+func (p *Pool) freeOdd(ptr uintptr, s device.Stream) error {
 	if p.closed {
 		return ErrClosed
 	}
 	if p.pt != nil {
 		return p.pt.free(p, ptr, s)
 	}
-	if ptr%indexGranularity != 0 {
-		// No block starts there. (Nor may 2^64−1 reach the index's address
-		// table, where it marks empty slots.)
-		return fmt.Errorf("%w: %#x is not %d-byte aligned", ErrUnknownPointer, ptr, indexGranularity)
-	}
-	b, err := p.x.Lookup(uint64(ptr))
-	if err != nil {
-		return translate(err)
-	}
+	// No block starts there. (Nor may 2^64−1 reach the index's address
+	// table, where it marks empty slots.)
+	return fmt.Errorf("%w: %#x is not %d-byte aligned", ErrUnknownPointer, ptr, indexGranularity)
+}
+
+// freeBlock frees block b, allocated in the index, in every case but
+// freeLocked's common one: a block cached by a P's cache, pending, or
+// freed already; a stream seen for the first time; multi-stream mode.
+func (p *Pool) freeBlock(b tlsf.Block, s device.Stream) error {
+	ptr := b.Addr
 	switch p.meta[b.ID].state {
 	case stateLive:
 	case stateCached:
