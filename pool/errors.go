@@ -13,7 +13,9 @@ import "errors"
 var (
 	// ErrOutOfMemory: the request could not be met after flushing caches,
 	// waiting for pending stream-ordered frees, releasing unused memory,
-	// searching again and growing once more. The message gives the
+	// searching again and growing once more; or, at once and releasing
+	// nothing, a request whose block exceeds the device's total memory or
+	// the cap (MaxBytes, MaxFraction × total). The message gives the
 	// request, allocated and reserved bytes, the largest free block and the
 	// device's free and total memory. When the driver itself ran out, the
 	// error also wraps device.ErrOutOfMemory.

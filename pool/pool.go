@@ -80,9 +80,9 @@ type counters struct {
 // virtual range of a VMM pool (cuMemAddressReserve) and, with
 // InitialFraction, the initial memory.
 //
-// Errors: ErrBadOptions (an option out of range, a nil device, or a
-// MaxBytes cap below the initial reserve), device errors from the calls
-// above.
+// Errors: ErrBadOptions (an option out of range, a nil device, a
+// MaxBytes cap below the allocation granularity or below the initial
+// reserve), device errors from the calls above.
 func New(dev device.Device, opts Options) (*Pool, error) {
 	o, err := opts.withDefaults()
 	if err != nil {
@@ -130,6 +130,10 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 	case BackendChunks:
 		p.heap = newChunkHeap(p.dev, p.x)
 		p.fastMax = tlsf.MaxSize / 2
+	}
+	if g := p.heap.granularity(); o.MaxBytes > 0 && o.MaxBytes < g {
+		_ = p.heap.close()
+		return nil, fmt.Errorf("%w: MaxBytes %d is below the allocation granularity of %d bytes: no allocation could ever succeed", ErrBadOptions, o.MaxBytes, g)
 	}
 	if o.InitialFraction > 0 {
 		g := p.heap.granularity()
@@ -366,6 +370,10 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 // reclaim completed stream-ordered frees, grow, and then the
 // out-of-memory path.
 func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
+	if err := p.hopeless(size, align); err != nil {
+		p.c.ooms++
+		return tlsf.Block{}, err
+	}
 	if p.ss.multi {
 		_ = p.pollPending(false)
 		if b, err := p.search(size, align); err == nil {
@@ -402,6 +410,37 @@ func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
 	}
 	p.c.ooms++
 	return tlsf.Block{}, p.oomError(size, err)
+}
+
+// hopeless returns ErrOutOfMemory for a request that no release could
+// make room for: its block (size rounded up to its class, plus alignment
+// padding) is larger than the device's total memory, than MaxBytes, or
+// than MaxFraction of the device's total (the most that cap can ever
+// allow). Such a request fails at once: flushing caches and returning
+// memory first would cost the pool its warm memory for nothing. No driver
+// call.
+func (p *Pool) hopeless(size, align uint64) error {
+	r, err := p.x.RoundUp(size)
+	if err != nil {
+		return nil // allocOdd reports sizes the index refuses
+	}
+	if align > indexGranularity {
+		r += align - indexGranularity
+	}
+	var why string
+	switch {
+	case r > p.total:
+		// The device has not got it: the driver's error, as growing would
+		// have returned.
+		return p.oomError(size, fmt.Errorf("a block of %s exceeds the device's total memory; nothing released: %w", sizeString(r), device.ErrOutOfMemory))
+	case p.opts.MaxBytes > 0 && r > p.opts.MaxBytes:
+		why = "the cap (MaxBytes)"
+	case p.opts.MaxFraction < 1 && float64(r) > p.opts.MaxFraction*float64(p.total):
+		why = "the cap (MaxFraction of the device's total)"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w: a block of %s exceeds %s; nothing released", p.oomError(size, nil), sizeString(r), why)
 }
 
 // retryable errors are those the out-of-memory path may cure.
