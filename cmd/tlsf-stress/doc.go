@@ -89,6 +89,7 @@
 //	warm_runs            int      warm replays timed (--warm-runs)
 //	cold_ns_per_op       float64  wall time per op of the first replay
 //	device_ns_per_op     float64  sim only: modelled driver time per op, warm replays
+//	cold_device_ns_per_op float64 sim only: modelled driver time per op of the first replay, New included
 //	device_calls         uint64   driver calls the allocator made, creation and all replays
 //	warm_device_calls    uint64   of those, during the warm replays (all of them)
 //	device_calls_by_name object   driver entry point → calls, the non-zero ones
