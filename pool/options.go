@@ -102,8 +102,11 @@ type Options struct {
 	ReleaseFraction float64
 	// FreeFloorFraction: when the device's free memory falls below
 	// FreeFloorFraction × total (another process needs memory), the pool
-	// returns unused memory. Checked at most every ReleaseCheckInterval
-	// frees that take the pool's lock. Default 0: off.
+	// returns unused memory: a background scavenger (scavenge.go) checks
+	// every 10 ms, idle pool or not, and returns up to 64 MiB per check;
+	// frees that take the pool's lock also check, every
+	// ReleaseCheckInterval of them. Close stops the scavenger. Default 0:
+	// off (no goroutine).
 	FreeFloorFraction float64
 
 	// VirtualSize is the size in bytes of a VMM pool's virtual address

@@ -59,6 +59,8 @@ type Pool struct {
 	fastMax uint64
 
 	cache *cacheSet // nil when caches are off
+
+	scav *scavenger // nil unless FreeFloorFraction is set (scavenge.go)
 }
 
 // counters are the pool's statistics kept under its lock.
@@ -74,6 +76,7 @@ type counters struct {
 	releasedBytes                uint64
 	recycledBytes                uint64
 	ooms, retries                uint64
+	scavenged                    uint64 // bytes the scavenger returned
 }
 
 // New makes a pool on dev. It queries the device's memory, reserves the
@@ -154,6 +157,7 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 	if !o.Cache.Disable {
 		p.cache = newCacheSet(p, o.Cache)
 	}
+	p.startScavenger()
 	return p, nil
 }
 
@@ -977,6 +981,7 @@ func (p *Pool) Trim() (uint64, error) {
 // Every later call returns ErrClosed. Errors: ErrClosed (closed already),
 // device errors (the pool is closed regardless).
 func (p *Pool) Close() error {
+	p.scav.halt() // before the lock: the scavenger may be waiting for it
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

@@ -62,6 +62,10 @@ type Stats struct {
 	// addresses under ReleaseFraction (unmapped under free blocks, mapped
 	// where needed), in bytes since New.
 	RecycledBytes uint64
+	// ScavengedBytes is the device memory the background scavenger
+	// returned because the device ran low (FreeFloorFraction; included in
+	// ReleasedBytes), in bytes since New.
+	ScavengedBytes uint64
 	// OutOfMemory counts requests that failed with ErrOutOfMemory;
 	// Retries counts runs of the out-of-memory path (flush, wait,
 	// release, search again, grow again), successful or not.
@@ -81,18 +85,19 @@ func (p *Pool) Stats() Stats {
 func (p *Pool) statsLocked() Stats {
 	c := p.c
 	s := Stats{
-		Backend:       p.backend,
-		Reserved:      p.reserved(),
-		Pending:       c.pending,
-		Grows:         c.grows,
-		Releases:      c.releases,
-		OutOfMemory:   c.ooms,
-		Retries:       c.retries,
-		ReservedPeak:  c.reservedPeak,
-		ReleasedBytes: c.releasedBytes,
-		RecycledBytes: c.recycledBytes,
-		PendingBlocks: c.pendingBlocks,
-		DeviceCalls:   p.dev.counts(),
+		Backend:        p.backend,
+		Reserved:       p.reserved(),
+		Pending:        c.pending,
+		Grows:          c.grows,
+		Releases:       c.releases,
+		OutOfMemory:    c.ooms,
+		Retries:        c.retries,
+		ReservedPeak:   c.reservedPeak,
+		ReleasedBytes:  c.releasedBytes,
+		RecycledBytes:  c.recycledBytes,
+		ScavengedBytes: c.scavenged,
+		PendingBlocks:  c.pendingBlocks,
+		DeviceCalls:    p.dev.counts(),
 	}
 	if p.cache != nil {
 		p.cache.addStats(&c, &s)

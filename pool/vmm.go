@@ -44,9 +44,9 @@ type vmmHeap struct {
 	mapped  []bool             // by page
 	// fine: the next mappings use one-page handles (set by the pool before
 	// it grows or backs: near its cap, or under ReleaseFraction).
-	fine bool
-	nMapped uint64             // pages mapped
-	holes   uint64             // unmapped pages below end
+	fine    bool
+	nMapped uint64 // pages mapped
+	holes   uint64 // unmapped pages below end
 	// orphans are physical allocations unmapped or never mapped whose
 	// cuMemRelease failed: still the pool's, counted as reserved, and
 	// released again at the next release or Close.
