@@ -248,6 +248,9 @@ func TestFreeFloorReturnsUnusedMemoryWhenTheDeviceRunsLow(t *testing.T) {
 				sd := sim.New(sim.Config{Capacity: giB})
 				d := onSim(sd)
 				p := openPool(t, d, Options{Backend: be, FreeFloorFraction: 0.5, Cache: CacheOptions{Disable: true}})
+				// Only the check on locked frees here: the background
+				// scavenger (scavenge_test.go) would act at any moment.
+				p.scav.halt()
 				// The floor is checked once every ReleaseCheckInterval
 				// frees that take the lock (all of them, caches off).
 				ptrs := make([]uintptr, ReleaseCheckInterval)
