@@ -123,6 +123,21 @@ type Options struct {
 	// under 1.6% of a block; measured on the shared traces in bench/).
 	SLLog2 uint
 
+	// BestFit places requests the caches do not serve by best fit within
+	// the request's own second-level list (tlsf.Index.AllocFit): the block
+	// is the request rounded up to 256 bytes, not to its size class, and a
+	// free block of the request's own list that holds it is taken before
+	// the next list's; O(tlsf.FitScan) instead of O(1). Default false:
+	// good fit (tlsf.Index.Alloc). Measured on the simulated H200
+	// (2026-12-01, peak reserved over peak live, cold · after two warm
+	// replays): with Cache.MaxSize 4 KiB, lstm 1.033 · 1.063, resnet50
+	// 1.020, tdnn 1.193, against the default's 1.142, 1.023, 1.182; with
+	// the default 1 MiB caches, 1.120, 1.020–1.026, 1.204. Statistics
+	// count such blocks at their 256-byte rounding (a passthrough pool's,
+	// which places nothing, still at their size class). Aligned requests
+	// (AllocPitch) keep good fit.
+	BestFit bool
+
 	// Cache configures the per-P small-block caches (see Cache).
 	Cache CacheOptions
 }

@@ -317,6 +317,9 @@ func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool
 	}
 	if p.ss.multi && align <= indexGranularity {
 		r, _ := p.x.RoundUp(size)
+		if p.opts.BestFit {
+			r = roundUp(size, indexGranularity) // AllocFit's block size
+		}
 		if addr, ok := p.ss.reuse(st, r); ok {
 			b, _ := p.x.Lookup(addr)
 			return b, true, nil
@@ -341,6 +344,8 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 	var err error
 	if align > indexGranularity {
 		b, err = p.x.AllocAligned(size, align)
+	} else if p.opts.BestFit {
+		b, err = p.x.AllocFit(size)
 	} else {
 		b, err = p.x.Alloc(size)
 	}
@@ -431,6 +436,9 @@ func (p *Pool) hopeless(size, align uint64) error {
 	r, err := p.x.RoundUp(size)
 	if err != nil {
 		return nil // allocOdd reports sizes the index refuses
+	}
+	if p.opts.BestFit {
+		r = roundUp(size, indexGranularity) // AllocFit's block size
 	}
 	if align > indexGranularity {
 		r += align - indexGranularity
