@@ -9,12 +9,15 @@
 // first tier that can serve it:
 //
 //  1. the current P's cache (cache.go): small blocks (1 MiB and below by
-//     default) on the default stream, without the pool's lock;
+//     default) on the default stream, without the pool's lock; an empty
+//     cache refills from central per-class lists of blocks other Ps shed
+//     (mcentral) before the index, and blocks cached by other Ps go back
+//     to the index before the heap grows;
 //  2. the TLSF index (package tlsf), under the pool's lock: O(1) good-fit
 //     allocation and immediate coalescing, with all metadata on the CPU;
 //  3. the heap (heap.go), which adds device memory to the index: a VMM
-//     range whose pages are mapped on demand (vmm.go) or cuMemAlloc'd
-//     chunks (chunks.go).
+//     range whose pages are mapped on demand, one physical allocation per
+//     growth (vmm.go), or cuMemAlloc'd chunks (chunks.go).
 //
 // A passthrough pool (passthrough.go) skips all three and calls the driver
 // for every request, so that compute-sanitizer sees each allocation.
@@ -25,12 +28,16 @@
 // it when the decision is made (options.go): growth takes GrowFraction of
 // the free memory at once, reserved memory is capped by MaxFraction of the
 // memory available to the pool (free plus its own) and by MaxBytes, and
-// unused memory is returned when the device runs low (FreeFloorFraction)
-// or recycled rather than added when the pool must map more
-// (ReleaseFraction). When memory runs out, the pool flushes the caches,
-// waits for pending stream-ordered frees, returns unused memory, searches
-// again and grows once more before failing with ErrOutOfMemory; the cap is
-// checked only after that release.
+// unused memory is returned when the device runs low (FreeFloorFraction;
+// a background scavenger, scavenge.go, checks even while the pool is
+// idle) or recycled rather than added when the pool must map more
+// (ReleaseFraction). A request that can never succeed (its block above
+// the device's total memory or the cap) fails at once with
+// ErrOutOfMemory, releasing nothing. Otherwise, when memory runs out, the
+// pool flushes the caches, waits for pending stream-ordered frees,
+// returns unused memory, searches again and grows once more before
+// failing with ErrOutOfMemory; the cap is checked only after that
+// release.
 //
 // # Stream order
 //
