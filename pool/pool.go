@@ -146,6 +146,9 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 			return nil, fmt.Errorf("%w: MaxBytes %d is below the initial reserve of %d bytes", ErrBadOptions, o.MaxBytes, initial)
 		}
 		if initial > 0 {
+			if h, ok := p.heap.(*vmmHeap); ok {
+				h.fine = p.fineHandles(o.MaxBytes > 0 || o.MaxFraction < 1)
+			}
 			if err := p.heap.grow(initial, initial); err != nil {
 				_ = p.heap.close()
 				return nil, fmt.Errorf("pool: initial reserve of %d bytes: %w", initial, err)
