@@ -112,6 +112,11 @@ type Options struct {
 	// ReleaseCheckInterval of them. Close stops the scavenger. Default 0:
 	// off (no goroutine).
 	FreeFloorFraction float64
+	// NoScavenger turns the background scavenger off: FreeFloorFraction
+	// is then checked on locked frees only. For tests that need every
+	// driver call made by the caller's own calls (fault injection by call
+	// count, statistics compared with the device's between calls).
+	NoScavenger bool
 
 	// VirtualSize is the size in bytes of a VMM pool's virtual address
 	// range (default: twice the device's total memory, rounded up to the

@@ -35,7 +35,8 @@ package pool
 // at most, once per period, and only while the device is short of
 // memory.
 //
-// The scavenger runs only with FreeFloorFraction > 0 and stops at Close.
+// The scavenger runs only with FreeFloorFraction > 0 (and not
+// NoScavenger) and stops at Close.
 // Tests drive it deterministically through scavengeLocked, one step at a
 // time.
 
@@ -63,7 +64,7 @@ type scavenger struct {
 // startScavenger starts the background scavenger if FreeFloorFraction is
 // set (pooled backends only).
 func (p *Pool) startScavenger() {
-	if p.opts.FreeFloorFraction <= 0 || p.pt != nil {
+	if p.opts.FreeFloorFraction <= 0 || p.pt != nil || p.opts.NoScavenger {
 		return
 	}
 	sc := &scavenger{stop: make(chan struct{}), done: make(chan struct{})}

@@ -107,4 +107,9 @@ func TestCloseStopsTheScavenger(t *testing.T) {
 	require.NoError(t, err)
 	require.Nil(t, q.scav, "no goroutine without FreeFloorFraction")
 	require.NoError(t, q.Close())
+
+	r, err := New(sim.New(sim.Config{Capacity: giB}), Options{FreeFloorFraction: 0.1, NoScavenger: true})
+	require.NoError(t, err)
+	require.Nil(t, r.scav, "no goroutine with NoScavenger")
+	require.NoError(t, r.Close())
 }
