@@ -1,26 +1,21 @@
 package bench
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/gpumem/tlsf/internal/bestfit"
+	"github.com/gpumem/tlsf/internal/replay"
 	"github.com/gpumem/tlsf/internal/trace"
 	"github.com/gpumem/tlsf/tlsf"
 )
 
-// compiled is a trace with block IDs turned into dense slots, so that the
-// replay loop measures the allocator, not a map from IDs to addresses.
+// compiled is a trace compiled by the replay harness (IDs to dense
+// slots), so that the loop measures the allocator, not a map from IDs to
+// addresses, with its peak live bytes.
 type compiled struct {
-	name     string
-	ops      []cop
-	slots    int
+	*replay.Compiled
 	peakLive uint64
-}
-
-type cop struct {
-	free bool
-	slot int32
-	size uint64
 }
 
 func compile(tb testing.TB, name string) compiled {
@@ -29,28 +24,7 @@ func compile(tb testing.TB, name string) compiled {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c := compiled{name: name, peakLive: t.PeakLive()}
-	slot := map[uint64]int32{}
-	var spare []int32
-	for _, op := range t.Ops {
-		if !op.Free {
-			var s int32
-			if k := len(spare); k > 0 {
-				s, spare = spare[k-1], spare[:k-1]
-			} else {
-				s = int32(c.slots)
-				c.slots++
-			}
-			slot[op.ID] = s
-			c.ops = append(c.ops, cop{slot: s, size: op.Size})
-			continue
-		}
-		s := slot[op.ID]
-		delete(slot, op.ID)
-		spare = append(spare, s)
-		c.ops = append(c.ops, cop{free: true, slot: s})
-	}
-	return c
+	return compiled{replay.Compile(t), t.PeakLive()}
 }
 
 func allTraces(tb testing.TB) []compiled {
@@ -71,32 +45,35 @@ const heapSize = 1 << 40
 // blocks it leaves live, so the index is warm (its tables grown) after
 // the first, as the peers' warm figures are. Metrics: ns per trace
 // operation (an alloc or a free) and top/live, the highest address used
-// over peak live bytes.
+// over peak live bytes. The tlsf-harness variant drives the index through
+// the replay harness (replay.Compiled.Run, an interface call per
+// operation) and reports the median and minimum per replay: the figure
+// BenchmarkPoolReplay's ns/traceop compares with.
 func BenchmarkReplay(b *testing.B) {
 	for _, c := range allTraces(b) {
-		b.Run(c.name+"/tlsf", func(b *testing.B) {
-			addrs := make([]uint64, c.slots)
-			live := make([]bool, c.slots)
+		b.Run(c.Name+"/tlsf", func(b *testing.B) {
+			addrs := make([]uint64, c.Slots)
+			live := make([]bool, c.Slots)
 			var top uint64
 			x, _ := tlsf.New(tlsf.Config{SLLog2: 6})
 			if err := x.AddRegion(0, heapSize); err != nil {
 				b.Fatal(err)
 			}
 			for b.Loop() {
-				for _, op := range c.ops {
-					if op.free {
-						if _, err := x.Free(addrs[op.slot]); err != nil {
+				for _, op := range c.Ops {
+					if op.Free {
+						if _, err := x.Free(addrs[op.Slot]); err != nil {
 							b.Fatal(err)
 						}
-						live[op.slot] = false
+						live[op.Slot] = false
 						continue
 					}
-					blk, err := x.Alloc(op.size)
+					blk, err := x.Alloc(op.Size)
 					if err != nil {
 						b.Fatal(err)
 					}
-					addrs[op.slot] = blk.Addr
-					live[op.slot] = true
+					addrs[op.Slot] = blk.Addr
+					live[op.Slot] = true
 					top = max(top, blk.Addr+blk.Size)
 				}
 				for s, l := range live {
@@ -108,22 +85,42 @@ func BenchmarkReplay(b *testing.B) {
 			}
 			report(b, c, top)
 		})
-		b.Run(c.name+"/bestfit", func(b *testing.B) {
-			addrs := make([]uint64, c.slots)
+		b.Run(c.Name+"/tlsf-harness", func(b *testing.B) {
+			x, _ := tlsf.New(tlsf.Config{SLLog2: 6})
+			if err := x.AddRegion(0, heapSize); err != nil {
+				b.Fatal(err)
+			}
+			a := &indexAllocator{x: x}
+			var runs []float64
+			for b.Loop() {
+				r, err := c.Run(a)
+				if err == nil {
+					err = r.FreeLeft(a)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				runs = append(runs, r.NsPerOp())
+			}
+			reportRuns(b, runs)
+			b.ReportMetric(float64(a.top)/float64(c.peakLive), "top/live")
+		})
+		b.Run(c.Name+"/bestfit", func(b *testing.B) {
+			addrs := make([]uint64, c.Slots)
 			var top uint64
 			for b.Loop() {
 				a := bestfit.New(256)
 				a.AddRegion(0, heapSize)
-				for _, op := range c.ops {
-					if op.free {
-						a.Free(addrs[op.slot])
+				for _, op := range c.Ops {
+					if op.Free {
+						a.Free(addrs[op.Slot])
 						continue
 					}
-					addr, ok := a.Alloc(op.size)
+					addr, ok := a.Alloc(op.Size)
 					if !ok {
 						b.Fatal("best fit: no space")
 					}
-					addrs[op.slot] = addr
+					addrs[op.Slot] = addr
 				}
 				top = a.Top()
 			}
@@ -133,7 +130,35 @@ func BenchmarkReplay(b *testing.B) {
 }
 
 func report(b *testing.B, c compiled, top uint64) {
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(c.ops)), "ns/traceop")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(c.Ops)), "ns/traceop")
 	b.ReportMetric(float64(top)/float64(c.peakLive), "top/live")
+	b.ReportMetric(0, "ns/op")
+}
+
+// indexAllocator is the index alone behind the replay harness's
+// interface: the reference BenchmarkPoolReplay's ns/traceop compares
+// with (the same loop, one interface call per operation).
+type indexAllocator struct {
+	x   *tlsf.Index
+	top uint64
+}
+
+func (a *indexAllocator) Alloc(size, _ uint64) (uintptr, error) {
+	b, err := a.x.Alloc(size)
+	a.top = max(a.top, b.Addr+b.Size)
+	return uintptr(b.Addr), err
+}
+
+func (a *indexAllocator) Free(ptr uintptr, _ uint64) error {
+	_, err := a.x.Free(uint64(ptr))
+	return err
+}
+
+// reportRuns reports the median and the minimum of per-replay ns per
+// trace operation (replay.Median): one replay is noise on a shared
+// machine.
+func reportRuns(b *testing.B, runs []float64) {
+	b.ReportMetric(replay.Median(runs), "ns/traceop")
+	b.ReportMetric(slices.Min(runs), "min-ns/traceop")
 	b.ReportMetric(0, "ns/op")
 }

@@ -124,6 +124,7 @@ func runPool(t testing.TB, in []byte) {
 		MaxBytes:          pick(r, 0, capacity/4, capacity/2, 2*capacity),
 		InitialFraction:   pick(r, 0, 0, 0.01, 0.2),
 		FreeFloorFraction: pick(r, 0, 0.5),
+		NoScavenger:       true, // driver calls only from the ops: faults land where the input says
 		SLLog2:            pick(r, uint(0), 1, 3, 6),
 		VirtualSize:       pick(r, 0, capacity/2, 2*capacity),
 		Cache: pool.CacheOptions{

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"fmt"
+	"math/bits"
 	"runtime"
 	"sync/atomic"
 	_ "unsafe" // go:linkname
@@ -16,11 +17,28 @@ import (
 // runtime's processor, at most GOMAXPROCS of them) owns a cache of small
 // blocks, stacked by size class, and serves Alloc and Free of small
 // blocks on the default stream from it without taking the pool's lock. An
-// empty stack is refilled with a batch of blocks from the TLSF index under
-// the lock; a cache holding more than its share of bytes gives blocks back
-// until it holds half of it. Blocks in caches stay allocated in the index (the index never
-// sees the churn), keep their size-class size, and were all freed on the
-// default stream, so reusing them on it is stream-ordered.
+// empty stack is refilled with a batch of blocks under the lock: from the
+// central list of its class (mcentral) if that holds any, else from the
+// TLSF index. A cache holding more than its share of bytes sheds blocks
+// onto the central lists until it holds half of it, and the central lists
+// keep at most one share in all, giving the oldest blocks beyond it back
+// to the index. Blocks in caches and central lists stay allocated in the
+// index (the index never sees the churn), keep their size-class size, and
+// were all freed on the default stream, so reusing them on it is
+// stream-ordered.
+//
+// No stranded blocks. A block cached by one P must not sit idle while
+// another P asks the index (or the driver) for more memory, or which P a
+// goroutine ran on would decide the pool's reserved memory. Three rules
+// keep that from happening, as the Go runtime's mcache flushing does:
+//
+//   - sheds go to the central lists, which every P's refill reads first;
+//   - every idleScanEvery refills, the pool drains onto the central lists
+//     the caches of Ps that neither allocated nor freed since the last
+//     scan (a P that stopped allocating);
+//   - before the heap grows (allocMiss), every cache and central list is
+//     drained into the index and the index searched again: memory is
+//     added only when no cached block of any P could have served.
 //
 // A goroutine finds its P's cache with runtime.procPin, which also keeps
 // it on that P (no preemption) until procUnpin: the same mechanism
@@ -64,7 +82,18 @@ const (
 	// many classes (64 KiB refills of a few dozen classes) without
 	// shedding and refilling in turn under the pool's lock.
 	minShare = 4 << 20
+	// idleScanEvery: refills between two scans for idle caches. A scan
+	// reads two counters per P under its spin lock (tens of ns each); one
+	// per 16 refills (about 500 cached allocations) keeps its cost below
+	// 1% of the refills' own while finding a P that stopped within a few
+	// hundred of another P's allocations.
+	idleScanEvery = 16
 )
+
+// centralOwner is the owner recorded for blocks on the central lists: no
+// P. A free of such a block is a double free (it is on a list, not
+// handed out).
+const centralOwner = ^uint32(0)
 
 // pcache is one P's cache. Fields below lock are guarded by it.
 type pcache struct {
@@ -79,6 +108,9 @@ type pcache struct {
 	allocs      uint64
 	frees       uint64
 	bySize      [NumSizeBuckets]uint64 // allocs by sizeBucket
+
+	// seen is allocs+frees at the last idle scan (pool lock).
+	seen uint64
 
 	_ [64]byte // keep neighbouring caches off this one's cache lines
 }
@@ -141,13 +173,39 @@ type cacheSet struct {
 	ps       []pcache
 	share    atomic.Uint64 // bytes a P's stacks may hold
 
+	// small is a VMM pool's filter of pages that ever held a block given
+	// to a cache: bit i of word i/64 for page i of the range from
+	// smallBase, smallShift = log2(page size). A free of a pointer whose
+	// page has no bit set skips the probe of its P's table (a large block,
+	// or a foreign pointer) and takes the lock at once. Bits are set under
+	// the pool's lock before a block reaches a cache and are never cleared:
+	// a page that once held a cached block costs frees on it the probe.
+	// nil for a chunk pool (always probe).
+	small      []atomic.Uint64
+	smallBase  uint64
+	smallShift uint
+
 	// The fields above are read by every P on every call; those below are
 	// written under the pool's lock. Keep them on different cache lines.
 	_ [64]byte
 
-	// Under the pool's lock: bytes and blocks the caches got from the index.
+	// Under the pool's lock: bytes and blocks the caches got from the index
+	// (central lists included).
 	sysBytes  uint64
 	sysBlocks int64
+
+	// central holds, by size class, blocks shed by caches, oldest first,
+	// for any P's refill (mcentral). Pool lock.
+	central       [][]cblock
+	centralBytes  uint64
+	centralBlocks int64
+	refills       int // refills since New, for idleScanEvery
+}
+
+// cblock is a block on a central list: its address and index block ID.
+type cblock struct {
+	addr uint64
+	id   uint32
 }
 
 func newCacheSet(p *Pool, o CacheOptions) *cacheSet {
@@ -161,8 +219,43 @@ func newCacheSet(p *Pool, o CacheOptions) *cacheSet {
 		c.ps[i].stacks = make([][]uint64, maxClass+1)
 		c.ps[i].live.Init(8)
 	}
+	c.central = make([][]cblock, maxClass+1)
 	c.share.Store(minShare)
+	if h, ok := p.heap.(*vmmHeap); ok {
+		pages := h.vsize / h.gran
+		c.small = make([]atomic.Uint64, (pages+63)/64)
+		c.smallBase, c.smallShift = h.base, uint(bits.TrailingZeros64(h.gran))
+	}
 	return c
+}
+
+// markSmall sets the filter bits of the pages block b touches. Pool lock
+// held.
+func (c *cacheSet) markSmall(b tlsf.Block) {
+	if c.small == nil {
+		return
+	}
+	first := (b.Addr - c.smallBase) >> c.smallShift
+	last := (b.Addr + b.Size - 1 - c.smallBase) >> c.smallShift
+	for pg := first; pg <= last; pg++ {
+		w := &c.small[pg/64]
+		if bit := uint64(1) << (pg % 64); w.Load()&bit == 0 {
+			w.Or(bit)
+		}
+	}
+}
+
+// maybeCached reports whether ptr may be a block a cache handed out
+// (false: certainly not).
+func (c *cacheSet) maybeCached(ptr uintptr) bool {
+	if c.small == nil {
+		return true
+	}
+	pg := (uint64(ptr) - c.smallBase) >> c.smallShift
+	if pg/64 >= uint64(len(c.small)) {
+		return false // outside the range: foreign
+	}
+	return c.small[pg/64].Load()&(1<<(pg%64)) != 0
 }
 
 // serves reports whether a request of size bytes on stream s is a cache's.
@@ -265,28 +358,39 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 		return p.allocLocked(size, 0, 0)
 	}
 	class, r := c.classes.SizeClass(size)
-	b, reused, err := p.allocBlock(size, 0, 0)
-	if err != nil {
-		return 0, err
+	c.refills++
+	if c.refills%idleScanEvery == 0 {
+		c.drainIdle(pid)
 	}
-	if reused { // it was pending on the default stream
-		p.c.pending -= b.Size
-		p.c.pendingBlocks--
-		p.c.active -= b.Size
-	}
-	batch := []tlsf.Block{b}
-	for want := min(max(refillBytes/r, 1), maxRefill); len(batch) < int(want); {
-		nb, err := p.search(size, 0) // existing space only: no growth
+	want := int(min(max(refillBytes/r, 1), maxRefill))
+	batch := c.takeCentral(class, want, r)
+	if len(batch) == 0 {
+		// The class size r, not size: cached blocks of a class are alike.
+		b, reused, err := p.allocBlock(r, 0, 0)
 		if err != nil {
-			break
+			return 0, err
 		}
-		batch = append(batch, nb)
+		if reused { // it was pending on the default stream
+			p.c.pending -= b.Size
+			p.c.pendingBlocks--
+			p.c.active -= b.Size
+		}
+		batch = append(batch, b)
+		for len(batch) < want {
+			nb, err := p.search(r, 0) // existing space only: no growth
+			if err != nil {
+				break
+			}
+			batch = append(batch, nb)
+		}
+		for _, nb := range batch {
+			c.sysBytes += nb.Size
+			c.sysBlocks++
+			c.markSmall(nb)
+		}
+		p.notePeaks()
 	}
-	for _, nb := range batch {
-		c.sysBytes += nb.Size
-		c.sysBlocks++
-	}
-	p.notePeaks()
+	b := batch[0]
 	c.updateShare()
 
 	pid = procPin()
@@ -326,12 +430,51 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 	return uintptr(b.Addr), nil
 }
 
+// reclaimOthers gives the index back every block on the central lists
+// and on the stacks of every P's cache but the current one's, and reports
+// whether it gave any (c may be nil: caches off). The current P's cache is
+// left alone: its blocks are where its next requests go, and emptying it
+// would only move them to new places. Pool lock held.
+func (c *cacheSet) reclaimOthers() bool {
+	if c == nil {
+		return false
+	}
+	self := procPin()
+	procUnpin()
+	var out []uint64
+	for i := range c.ps {
+		if i == self {
+			continue
+		}
+		pc := &c.ps[i]
+		pc.lockWait()
+		for class, st := range pc.stacks {
+			out = append(out, st...)
+			pc.stacks[class] = st[:0]
+		}
+		pc.stackBytes, pc.stackBlocks = 0, 0
+		pc.unlock()
+	}
+	for class, l := range c.central {
+		for _, cb := range l {
+			out = append(out, cb.addr)
+		}
+		c.central[class] = l[:0]
+	}
+	c.centralBytes, c.centralBlocks = 0, 0
+	for _, a := range out {
+		_ = c.giveBack(a, true)
+	}
+	return len(out) > 0
+}
+
 // updateShare recomputes each P's share of the cache budget. Pool lock
 // held.
 func (c *cacheSet) updateShare() {
 	budget := uint64(c.fraction * float64(c.p.reserved()))
-	// Store only a change: every P reads share on every free.
-	if share := max(budget/uint64(len(c.ps)), minShare); share != c.share.Load() {
+	// Store only a change: every P reads share on every free. The central
+	// lists hold one share too: len(ps)+1 shares in all.
+	if share := max(budget/uint64(len(c.ps)+1), minShare); share != c.share.Load() {
 		c.share.Store(share)
 	}
 }
@@ -361,8 +504,84 @@ func (c *cacheSet) shed(pid int) {
 		pc.stacks[class] = append(st[:0], st[k:]...)
 	}
 	pc.unlock()
-	for _, a := range out {
-		_ = c.giveBack(a, true)
+	c.toCentral(out)
+}
+
+// toCentral puts blocks that left a cache's stack on the central lists,
+// then gives the oldest back to the index while the lists hold more than
+// one P's share. Pool lock held.
+func (c *cacheSet) toCentral(addrs []uint64) {
+	p := c.p
+	for _, a := range addrs {
+		b, err := p.x.Lookup(a)
+		if err != nil {
+			continue // not reached: cached blocks are allocated in the index
+		}
+		class, _ := c.classes.SizeClass(b.Size)
+		c.central[class] = append(c.central[class], cblock{a, b.ID})
+		p.meta[b.ID].owner = centralOwner
+		c.centralBytes += b.Size
+		c.centralBlocks++
+	}
+	limit := c.share.Load()
+	for class := len(c.central) - 1; class >= 0 && c.centralBytes > limit; class-- {
+		l := c.central[class]
+		r := c.classes.Size(class)
+		k := 0
+		for k < len(l) && c.centralBytes > limit {
+			c.centralBytes -= r
+			c.centralBlocks--
+			k++
+		}
+		out := l[:k]
+		c.central[class] = append(l[:0:0], l[k:]...)
+		for _, cb := range out {
+			_ = c.giveBack(cb.addr, true)
+		}
+	}
+}
+
+// takeCentral takes up to n blocks of class (r bytes each) from its
+// central list, the newest first (the most likely still in the GPU's
+// caches). Pool lock held.
+func (c *cacheSet) takeCentral(class, n int, r uint64) []tlsf.Block {
+	l := c.central[class]
+	k := min(n, len(l))
+	if k == 0 {
+		return nil
+	}
+	out := make([]tlsf.Block, 0, k)
+	for _, cb := range l[len(l)-k:] {
+		out = append(out, tlsf.Block{Addr: cb.addr, Size: r, ID: cb.id})
+	}
+	c.central[class] = l[:len(l)-k]
+	c.centralBytes -= uint64(k) * r
+	c.centralBlocks -= int64(k)
+	return out
+}
+
+// drainIdle moves onto the central lists the stacks of every cache but
+// P self's whose owner neither allocated nor freed since the last scan.
+// Pool lock held.
+func (c *cacheSet) drainIdle(self int) {
+	for i := range c.ps {
+		pc := &c.ps[i]
+		pc.lockWait()
+		ops := pc.allocs + pc.frees
+		idle := ops == pc.seen && i != self && pc.stackBlocks > 0
+		pc.seen = ops
+		var out []uint64
+		if idle {
+			for class, st := range pc.stacks {
+				out = append(out, st...)
+				pc.stacks[class] = st[:0]
+			}
+			pc.stackBytes, pc.stackBlocks = 0, 0
+		}
+		pc.unlock()
+		if len(out) > 0 {
+			c.toCentral(out)
+		}
 	}
 }
 
@@ -415,6 +634,13 @@ func (c *cacheSet) drainLocked(keep bool) error {
 		pc.stackBytes, pc.stackBlocks = 0, 0
 		pc.unlock()
 	}
+	for class, l := range c.central {
+		for _, cb := range l {
+			out = append(out, cb.addr)
+		}
+		c.central[class] = l[:0]
+	}
+	c.centralBytes, c.centralBlocks = 0, 0
 	var first error
 	for _, a := range out {
 		if err := c.giveBack(a, keep); err != nil && first == nil {
@@ -488,11 +714,17 @@ func (c *cacheSet) forget() {
 		pc.liveBytes, pc.liveBlocks = 0, 0
 		pc.unlock()
 	}
+	for class := range c.central {
+		c.central[class] = nil
+	}
+	c.centralBytes, c.centralBlocks = 0, 0
 	c.sysBytes, c.sysBlocks = 0, 0
 }
 
 // addStats adds the caches' figures to a snapshot. Pool lock held.
 func (c *cacheSet) addStats(ctr *counters, s *Stats) {
+	s.Cached += c.centralBytes
+	s.CachedBlocks += c.centralBlocks
 	for i := range c.ps {
 		pc := &c.ps[i]
 		pc.lockWait()
@@ -517,7 +749,7 @@ func (c *cacheSet) check() error {
 	var blocks int64
 	var bad error
 	seen := map[uint64]bool{}
-	visit := func(owner int, addr, size uint64) {
+	visit := func(owner int, addr, size uint64) { // owner: a P, or centralOwner
 		b, err := c.p.x.Lookup(addr)
 		switch {
 		case err != nil:
@@ -526,7 +758,7 @@ func (c *cacheSet) check() error {
 			bad = fmt.Errorf("pool: cached block %#x has %d bytes, the cache says %d", addr, b.Size, size)
 		case c.p.meta[b.ID].state != stateCached:
 			bad = fmt.Errorf("pool: cached block %#x in state %d", addr, c.p.meta[b.ID].state)
-		case c.p.meta[b.ID].owner != uint32(owner):
+		case c.p.meta[b.ID].owner != uint32(owner): // centralOwner converts back
 			bad = fmt.Errorf("pool: block %#x in cache %d records owner %d", addr, owner, c.p.meta[b.ID].owner)
 		case seen[addr]:
 			bad = fmt.Errorf("pool: block %#x held twice by caches", addr)
@@ -559,6 +791,22 @@ func (c *cacheSet) check() error {
 			bad = fmt.Errorf("pool: cache %d holds %d/%d bytes (stacks/handed out), counts %d/%d", i, sb, lb, pc.stackBytes, pc.liveBytes)
 		}
 		pc.unlock()
+	}
+	var cb uint64
+	var cn int64
+	for class, l := range c.central {
+		r := c.classes.Size(class)
+		for _, e := range l {
+			cb += r
+			cn++
+			visit(int(centralOwner), e.addr, r)
+			if b, err := c.p.x.Lookup(e.addr); err == nil && b.ID != e.id {
+				bad = fmt.Errorf("pool: central block %#x records ID %d, the index %d", e.addr, e.id, b.ID)
+			}
+		}
+	}
+	if cb != c.centralBytes || cn != c.centralBlocks {
+		bad = fmt.Errorf("pool: central lists hold %d bytes in %d blocks, count %d in %d", cb, cn, c.centralBytes, c.centralBlocks)
 	}
 	if bad == nil && (bytes != c.sysBytes || blocks != c.sysBlocks) {
 		bad = fmt.Errorf("pool: caches hold %d bytes in %d blocks, the pool gave them %d in %d", bytes, blocks, c.sysBytes, c.sysBlocks)

@@ -9,12 +9,15 @@
 // first tier that can serve it:
 //
 //  1. the current P's cache (cache.go): small blocks (1 MiB and below by
-//     default) on the default stream, without the pool's lock;
+//     default) on the default stream, without the pool's lock; an empty
+//     cache refills from central per-class lists of blocks other Ps shed
+//     (mcentral) before the index, and blocks cached by other Ps go back
+//     to the index before the heap grows;
 //  2. the TLSF index (package tlsf), under the pool's lock: O(1) good-fit
 //     allocation and immediate coalescing, with all metadata on the CPU;
 //  3. the heap (heap.go), which adds device memory to the index: a VMM
-//     range whose pages are mapped on demand (vmm.go) or cuMemAlloc'd
-//     chunks (chunks.go).
+//     range whose pages are mapped on demand, one physical allocation per
+//     growth (vmm.go), or cuMemAlloc'd chunks (chunks.go).
 //
 // A passthrough pool (passthrough.go) skips all three and calls the driver
 // for every request, so that compute-sanitizer sees each allocation.
@@ -30,7 +33,8 @@
 // the device's free memory at once, reserved memory is capped by
 // MaxFraction of the device's total memory and by MaxBytes, and unused
 // memory is returned when the device runs low (FreeFloorFraction of
-// total) or recycled rather than added when the pool must map more
+// total; a background scavenger, scavenge.go, checks even while the pool
+// is idle) or recycled rather than added when the pool must map more
 // (ReleaseFraction).
 //
 // # Sharing a GPU
@@ -69,15 +73,16 @@
 //
 // # Out of memory
 //
-// When memory runs out, the pool flushes the caches, waits for pending
+// A request that can never succeed (its block above the device's total
+// memory or the cap) fails at once with ErrOutOfMemory, releasing
+// nothing. Otherwise, when memory runs out, the pool flushes the caches, waits for pending
 // stream-ordered frees and searches again; where the block found lies on
 // released pages, it moves just the pages the block lacks from under
 // other free blocks (cuMemUnmap and cuMemMap of kept physical memory, no
 // cuMemRelease or cuMemCreate), else it moves what the request needs and
 // grows once more; then it fails with ErrOutOfMemory. It remembers the
 // failure, so that until it next frees a block, a request at least as
-// large fails without repeating the work, and it stops gathering
-// scattered pages once the memory in use passes 90% of the cap. Unused
+// large fails without repeating the work. Unused
 // memory goes back to other processes through FreeFloorFraction, Trim or
 // a scavenger, not on every error (share.go).
 //

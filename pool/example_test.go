@@ -94,7 +94,6 @@ func ExampleOptions_onOutOfMemory() {
 	// Output:
 	// out of memory for 48 MiB: freeing 3 blocks
 	// 48 MiB: <nil>
-	// out of memory for 1024 MiB: freeing 0 blocks
 	// 1 GiB is out of memory: true
 }
 

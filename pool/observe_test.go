@@ -178,9 +178,15 @@ func TestOnOutOfMemoryRunsBeforeTheFailureAndThePoolRetries(t *testing.T) {
 				// A request the hook cannot cure fails, after one call, and
 				// leaves the pool as it was.
 				before := p.Stats()
+				_, err = p.Alloc(48 * miB)
+				require.ErrorIs(t, err, ErrOutOfMemory)
+				require.Equal(t, []uint64{32 * miB, 48 * miB}, calls)
+				require.Equal(t, liveState(before), liveState(p.Stats()))
+				// One above the cap can never succeed: it fails at once,
+				// without the hook.
 				_, err = p.Alloc(128 * miB)
 				require.ErrorIs(t, err, ErrOutOfMemory)
-				require.Equal(t, []uint64{32 * miB, 128 * miB}, calls)
+				require.Equal(t, []uint64{32 * miB, 48 * miB}, calls)
 				require.Equal(t, liveState(before), liveState(p.Stats()))
 				checkStep(t, p, d)
 				require.NoError(t, p.Free(ptr))
@@ -193,7 +199,9 @@ func TestOnOutOfMemoryMayCloseThePool(t *testing.T) {
 	d := onSim(sim.New(sim.Config{Capacity: giB}))
 	var p *Pool
 	p = openPool(t, d, Options{MaxBytes: 64 * miB, OnOutOfMemory: func(uint64) { require.NoError(t, p.Close()) }})
-	_, err := p.Alloc(128 * miB)
+	_, err := p.Alloc(48 * miB)
+	require.NoError(t, err)
+	_, err = p.Alloc(32 * miB)
 	require.ErrorIs(t, err, ErrClosed)
 }
 

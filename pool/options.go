@@ -17,10 +17,12 @@ const (
 	// management, else BackendChunks.
 	BackendAuto Backend = iota
 	// BackendVMM reserves one virtual address range and maps physical
-	// memory into it on demand, one granule (2 MiB on an H200) at a time
-	// (cuMemAddressReserve, cuMemCreate, cuMemMap, cuMemSetAccess); the
-	// index sees one range that grows, and physical pages lying wholly
-	// under free blocks can be returned (cuMemUnmap, cuMemRelease).
+	// memory into it on demand (cuMemAddressReserve, cuMemCreate,
+	// cuMemMap, cuMemSetAccess): one physical allocation per growth, up to
+	// 128 MiB, or one per granule (2 MiB on an H200) in a capped pool or
+	// under ReleaseFraction; the index sees one range that grows, and
+	// physical allocations lying wholly under free blocks can be returned
+	// (cuMemUnmap, cuMemRelease).
 	BackendVMM
 	// BackendChunks takes memory in chunks from cuMemAlloc, each chunk an
 	// index region, and returns chunks that become wholly free.
@@ -97,19 +99,29 @@ type Options struct {
 	//
 	// Default 0: off. A VMM pool then keeps every page below the top of
 	// its range mapped, as PyTorch's expandable segments do (1.02–1.19 ×
-	// peak live on the shared traces), and a training loop's steps make no
-	// driver call once the first has run. 0.03 keeps peak reserved within
-	// 1.05 × peak live on those traces, but moves pages between steps: on
-	// an H200 a page moved costs about 50 µs (cuMemUnmap, cuMemMap,
-	// cuMemSetAccess), tens of µs per operation on the lstm and tdnn
-	// traces. Unused memory is returned under pressure either way
+	// peak live on the shared traces), maps each growth as one physical
+	// allocation, and a training loop's steps make no driver call once the
+	// first has run. Above 0, physical memory is mapped 2 MiB at a time
+	// and moves between steps: on an H200 a page moved costs about 50 µs
+	// (cuMemUnmap, cuMemMap, cuMemSetAccess), tens of µs per operation on
+	// the lstm and tdnn traces; measured on the simulated H200 on
+	// 2026-12-01, 0.03 gave 1.114, 1.023 and 1.183 × peak live (README).
+	// Unused memory is returned under pressure either way
 	// (FreeFloorFraction, out of memory) and by Trim.
 	ReleaseFraction float64
 	// FreeFloorFraction: when the device's free memory falls below
 	// FreeFloorFraction × total (another process needs memory), the pool
-	// returns unused memory. Checked at most every ReleaseCheckInterval
-	// frees that take the pool's lock. Default 0: off.
+	// returns unused memory: a background scavenger (scavenge.go) checks
+	// every 10 ms, idle pool or not, and returns up to 64 MiB per check;
+	// frees that take the pool's lock also check, every
+	// ReleaseCheckInterval of them. Close stops the scavenger. Default 0:
+	// off (no goroutine).
 	FreeFloorFraction float64
+	// NoScavenger turns the background scavenger off: FreeFloorFraction
+	// is then checked on locked frees only. For tests that need every
+	// driver call made by the caller's own calls (fault injection by call
+	// count, statistics compared with the device's between calls).
+	NoScavenger bool
 
 	// VirtualSize is the size in bytes of a VMM pool's virtual address
 	// range (default: twice the device's total memory, rounded up to the
@@ -120,6 +132,21 @@ type Options struct {
 	// 1 to tlsf.MaxSLLog2 (default 6: 64 lists, so good-fit rounding wastes
 	// under 1.6% of a block; measured on the shared traces in bench/).
 	SLLog2 uint
+
+	// BestFit places requests the caches do not serve by best fit within
+	// the request's own second-level list (tlsf.Index.AllocFit): the block
+	// is the request rounded up to 256 bytes, not to its size class, and a
+	// free block of the request's own list that holds it is taken before
+	// the next list's; O(tlsf.FitScan) instead of O(1). Default false:
+	// good fit (tlsf.Index.Alloc). Measured on the simulated H200
+	// (2026-12-01, peak reserved over peak live, cold · after two warm
+	// replays): with Cache.MaxSize 4 KiB, lstm 1.033 · 1.063, resnet50
+	// 1.020, tdnn 1.193, against the default's 1.142, 1.023, 1.182; with
+	// the default 1 MiB caches, 1.120, 1.020–1.026, 1.204. Statistics
+	// count such blocks at their 256-byte rounding (a passthrough pool's,
+	// which places nothing, still at their size class). Aligned requests
+	// (AllocPitch) keep good fit.
+	BestFit bool
 
 	// Cache configures the per-P small-block caches (see Cache).
 	Cache CacheOptions
@@ -153,7 +180,9 @@ type Options struct {
 	// GC and finalizers that free device memory, drop caches of its own)
 	// and may call the pool. The pool then retries once (flush, release,
 	// search, grow) and fails only if that fails too. It may be called
-	// from several goroutines at once.
+	// from several goroutines at once. It is not called for a request that
+	// can never succeed (its block above the cap or the device's total
+	// memory), which fails at once.
 	OnOutOfMemory func(request uint64)
 	// Logger, when set, receives events as they happen: growth and
 	// release of device memory (Debug), Trim (Info), out of memory (Warn),

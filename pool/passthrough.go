@@ -55,7 +55,8 @@ func (t *passthrough) alloc(p *Pool, size uint64) (uintptr, error) {
 		if err != nil {
 			return 0, err
 		}
-		if (capped && t.reserved+size > limit) || size > free {
+		hopeless := (capped && size > limit) || size > p.total // as hopeless() in the pool
+		if !hopeless && ((capped && t.reserved+size > limit) || size > free) {
 			if err := p.runOOMHook(size); err != nil {
 				return 0, err
 			}

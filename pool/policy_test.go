@@ -247,7 +247,9 @@ func TestFreeFloorReturnsUnusedMemoryWhenTheDeviceRunsLow(t *testing.T) {
 			t.Run(be.String()+map[bool]string{false: "/device has room", true: "/device runs low"}[low], func(t *testing.T) {
 				sd := sim.New(sim.Config{Capacity: giB})
 				d := onSim(sd)
-				p := openPool(t, d, Options{Backend: be, FreeFloorFraction: 0.5, Cache: CacheOptions{Disable: true}})
+				// Only the check on locked frees here: the background
+				// scavenger (scavenge_test.go) would act at any moment.
+				p := openPool(t, d, Options{Backend: be, FreeFloorFraction: 0.5, NoScavenger: true, Cache: CacheOptions{Disable: true}})
 				// The floor is checked once every ReleaseCheckInterval
 				// frees that take the lock (all of them, caches off).
 				ptrs := make([]uintptr, ReleaseCheckInterval)

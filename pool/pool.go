@@ -53,6 +53,10 @@ type Pool struct {
 	c          counters
 	closed     bool
 	lockedFree int // frees under the lock since the last policy check
+	// fastMax: requests of 1 to fastMax bytes need no size check beyond
+	// the index's (they round up to less than the heap's virtual range);
+	// 0 for a passthrough pool, whose requests all take allocOdd.
+	fastMax uint64
 
 	cache *cacheSet // nil when caches are off
 
@@ -61,6 +65,7 @@ type Pool struct {
 	peers []int       // devices granted access besides dev (peers.go)
 	oom   oomMemo     // the last request the out-of-memory path failed (share.go)
 	seen  seenFree    // the device's free memory as this request's growth read it (share.go)
+	scav  *scavenger  // nil unless FreeFloorFraction is set (scavenge.go)
 }
 
 // counters are the pool's statistics kept under its lock.
@@ -77,15 +82,16 @@ type counters struct {
 	recycledBytes                uint64
 	ooms, retries                uint64
 	bySize                       [NumSizeBuckets]uint64 // allocs by sizeBucket
+	scavenged                    uint64                 // bytes the scavenger returned
 }
 
 // New makes a pool on dev. It queries the device's memory, reserves the
 // virtual range of a VMM pool (cuMemAddressReserve) and, with
 // InitialFraction, the initial memory.
 //
-// Errors: ErrBadOptions (an option out of range, a nil device, or a
-// MaxBytes cap below the initial reserve), device errors from the calls
-// above.
+// Errors: ErrBadOptions (an option out of range, a nil device, a
+// MaxBytes cap below the allocation granularity or below the initial
+// reserve), device errors from the calls above.
 func New(dev device.Device, opts Options) (*Pool, error) {
 	o, err := opts.withDefaults()
 	if err != nil {
@@ -129,11 +135,21 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 		if !dev.VMMSupported() {
 			return nil, fmt.Errorf("%w: BackendVMM on %s, which has no virtual memory management", ErrBadOptions, dev.Name())
 		}
-		if p.heap, err = newVMMHeap(p.dev, p.x, o.VirtualSize, total); err != nil {
+		h, err := newVMMHeap(p.dev, p.x, o.VirtualSize, total)
+		if err != nil {
 			return nil, err
 		}
+		p.heap = h
+		// Good fit rounds up by less than 2×: half the range never
+		// rounds past it.
+		p.fastMax = h.vsize / 2
 	case BackendChunks:
 		p.heap = newChunkHeap(p.dev, p.x)
+		p.fastMax = tlsf.MaxSize / 2
+	}
+	if g := p.heap.granularity(); o.MaxBytes > 0 && o.MaxBytes < g {
+		_ = p.heap.close()
+		return nil, fmt.Errorf("%w: MaxBytes %d is below the allocation granularity of %d bytes: no allocation could ever succeed", ErrBadOptions, o.MaxBytes, g)
 	}
 	p.watchHeap()
 	if err := p.setupPeers(o.PeerAccess.Ordinals()); err != nil {
@@ -148,6 +164,9 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 			return nil, fmt.Errorf("%w: MaxBytes %d is below the initial reserve of %d bytes", ErrBadOptions, o.MaxBytes, initial)
 		}
 		if initial > 0 {
+			if h, ok := p.heap.(*vmmHeap); ok {
+				h.fine = p.fineHandles(o.MaxBytes > 0 || o.MaxFraction < 1)
+			}
 			if err := p.heap.grow(initial, initial); err != nil {
 				_ = p.heap.close()
 				return nil, fmt.Errorf("pool: initial reserve of %d bytes: %w", initial, err)
@@ -160,6 +179,7 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 	if !o.Cache.Disable {
 		p.cache = newCacheSet(p, o.Cache)
 	}
+	p.startScavenger()
 	return p, nil
 }
 
@@ -225,16 +245,37 @@ func (p *Pool) allocOn(size uint64, s device.Stream) (uintptr, error) {
 // index), apart so that the fast path stays small.
 func (p *Pool) lockedAlloc(size uint64, s device.Stream, cached bool) (uintptr, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	var ptr uintptr
+	var err error
 	if cached {
-		return p.cache.refillLocked(size)
+		ptr, err = p.cache.refillLocked(size)
+	} else {
+		ptr, err = p.allocLocked(size, 0, s)
 	}
-	return p.allocLocked(size, 0, s)
+	p.mu.Unlock()
+	return ptr, err
 }
 
 // allocLocked allocates size bytes aligned to align (0: the index's
-// granularity) for stream s.
+// granularity) for stream s. The common case, a request of a
+// single-stream pool on its stream that the index serves from backed
+// memory, runs here; everything else goes to allocOdd.
 func (p *Pool) allocLocked(size, align uint64, s device.Stream) (uintptr, error) {
+	if st := p.ss.first; p.closed || size-1 >= p.fastMax || align > indexGranularity || st == nil || st.s != s || p.ss.multi {
+		return p.allocOdd(size, align, s)
+	}
+	b, err := p.search(size, 0)
+	if err != nil {
+		if b, err = p.allocMiss(size, 0); err != nil {
+			return 0, err
+		}
+	}
+	p.noteAlloc(b, false)
+	return uintptr(b.Addr), nil
+}
+
+// allocOdd is allocLocked's general case.
+func (p *Pool) allocOdd(size, align uint64, s device.Stream) (uintptr, error) {
 	if p.closed {
 		return 0, ErrClosed
 	}
@@ -310,6 +351,9 @@ func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool
 	}
 	if p.ss.multi && align <= indexGranularity {
 		r, _ := p.x.RoundUp(size)
+		if p.opts.BestFit {
+			r = roundUp(size, indexGranularity) // AllocFit's block size
+		}
 		if addr, ok := p.ss.reuse(st, r); ok {
 			b, _ := p.x.Lookup(addr)
 			return b, true, nil
@@ -334,6 +378,8 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 	var err error
 	if align > indexGranularity {
 		b, err = p.x.AllocAligned(size, align)
+	} else if p.opts.BestFit {
+		b, err = p.x.AllocFit(size)
 	} else {
 		b, err = p.x.Alloc(size)
 	}
@@ -347,12 +393,16 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 		}
 		// Spare physical memory (moved by makeRoom) maps first, and counts
 		// as reserved already.
-		if capped, limit, cerr := p.cap(); cerr != nil || (capped && p.reserved()+need-min(need, p.heap.spare()) > limit) {
+		capped, limit, cerr := p.cap()
+		if cerr != nil || (capped && p.reserved()+need-min(need, p.heap.spare()) > limit) {
 			_, _ = p.x.Free(b.Addr)
 			if cerr != nil {
 				return tlsf.Block{}, cerr
 			}
 			return tlsf.Block{}, errNoRoom
+		}
+		if h, ok := p.heap.(*vmmHeap); ok {
+			h.fine = p.fineHandles(capped)
 		}
 		if err := p.heap.back(b); err != nil {
 			_, _ = p.x.Free(b.Addr)
@@ -368,8 +418,20 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 // out-of-memory path.
 func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
 	p.seen = seenFree{}
+	if err := p.hopeless(size, align); err != nil {
+		p.c.ooms++
+		return tlsf.Block{}, err
+	}
 	if p.ss.polls() {
 		_ = p.pollPending(false)
+		if b, err := p.search(size, align); err == nil {
+			return b, nil
+		}
+	}
+	if p.cache.reclaimOthers() {
+		// Blocks other Ps cache and the central lists come back before the
+		// heap grows, so that which P a goroutine ran on does not decide
+		// reserved memory.
 		if b, err := p.search(size, align); err == nil {
 			return b, nil
 		}
@@ -429,6 +491,40 @@ func (p *Pool) outOfMemory(size, align uint64, err error) (tlsf.Block, error) {
 	p.c.ooms++
 	p.rememberOOM(size)
 	return tlsf.Block{}, p.oomError(size, err)
+}
+
+// hopeless returns ErrOutOfMemory for a request that no release could
+// make room for: its block (size rounded up to its class, plus alignment
+// padding) is larger than the device's total memory, than MaxBytes, or
+// than MaxFraction of the device's total (the most that cap can ever
+// allow). Such a request fails at once: flushing caches and returning
+// memory first would cost the pool its warm memory for nothing. No driver
+// call.
+func (p *Pool) hopeless(size, align uint64) error {
+	r, err := p.x.RoundUp(size)
+	if err != nil {
+		return nil // allocOdd reports sizes the index refuses
+	}
+	if p.opts.BestFit {
+		r = roundUp(size, indexGranularity) // AllocFit's block size
+	}
+	if align > indexGranularity {
+		r += align - indexGranularity
+	}
+	var why string
+	switch {
+	case r > p.total:
+		// The device has not got it: the driver's error, as growing would
+		// have returned.
+		return p.oomError(size, fmt.Errorf("a block of %s exceeds the device's total memory; nothing released: %w", sizeString(r), device.ErrOutOfMemory))
+	case p.opts.MaxBytes > 0 && r > p.opts.MaxBytes:
+		why = "the cap (MaxBytes)"
+	case p.opts.MaxFraction < 1 && float64(r) > p.opts.MaxFraction*float64(p.total):
+		why = "the cap (MaxFraction of the device's total)"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w: a block of %s exceeds %s; nothing released", p.oomError(size, nil), sizeString(r), why)
 }
 
 // retryable errors are those the out-of-memory path may cure.
@@ -492,6 +588,10 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	if capped {
 		want = max(need, min(want, (limit-res-tail)/g*g))
 	}
+	if h, ok := p.heap.(*vmmHeap); ok {
+		capped, _ := p.capFrom(free)
+		h.fine = p.fineHandles(capped)
+	}
 	if need+tail > free+spare {
 		// The device has not got it: asking page by page would take every
 		// free page from other processes before failing.
@@ -505,6 +605,20 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	p.noteReserved()
 	p.noteGrow(p.reserved() - min(before, p.reserved()))
 	return p.search(size, align)
+}
+
+// fineHandles reports whether a VMM pool should map one-page handles
+// (vmm.go): under ReleaseFraction, whose pages move one at a time, and in
+// a capped pool (MaxBytes, or MaxFraction below 1), whose memory must be
+// able to move at the finest granularity to fit under its cap. Measured
+// on the shared traces (simulated H200, smallest cap found by bisection
+// to 2 MiB, over peak live): with one-page handles in capped pools, lstm
+// 1.009, resnet50 1.003, tdnn 1.003; mapping one-page handles only within
+// 1/32 or 1/4 of the cap, 1.062, 1.017, 1.061, since the handles mapped
+// before the pool came near its cap cannot be released while any part of
+// them is in use.
+func (p *Pool) fineHandles(capped bool) bool {
+	return p.opts.ReleaseFraction > 0 || capped
 }
 
 // cap returns whether reserved memory is capped, and the cap in bytes.
@@ -661,7 +775,7 @@ func (p *Pool) FreeOn(ptr uintptr, s device.Stream) error {
 
 // freeOn is FreeOn without the debug layer and history.
 func (p *Pool) freeOn(ptr uintptr, s device.Stream) error {
-	if c := p.cache; c != nil && s == 0 && ptr%indexGranularity == 0 && c.free(ptr) {
+	if c := p.cache; c != nil && s == 0 && ptr%indexGranularity == 0 && c.maybeCached(ptr) && c.free(ptr) {
 		return nil
 	}
 	return p.freeSlow(ptr, s)
@@ -670,11 +784,43 @@ func (p *Pool) freeOn(ptr uintptr, s device.Stream) error {
 // freeSlow is FreeOn's path under the lock.
 func (p *Pool) freeSlow(ptr uintptr, s device.Stream) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.freeLocked(ptr, s)
+	err := p.freeLocked(ptr, s)
+	p.mu.Unlock()
+	return err
 }
 
+// freeLocked frees ptr under the pool's lock. The common case, a live
+// block of a single-stream pool, runs here in one probe of the index's
+// address table (Detach, FreeDetached); everything else goes to
+// freeBlock.
 func (p *Pool) freeLocked(ptr uintptr, s device.Stream) error {
+	if p.closed || p.pt != nil || ptr%indexGranularity != 0 {
+		return p.freeOdd(ptr, s)
+	}
+	b, err := p.x.Detach(uint64(ptr))
+	if err != nil {
+		return translate(err)
+	}
+	st := p.ss.first
+	if p.meta[b.ID].state != stateLive || p.ss.multi || st == nil || st.s != s || len(p.ss.uses) != 0 {
+		p.x.Attach(b)
+		return p.freeBlock(b, s)
+	}
+	p.x.FreeDetached(b)
+	st.dirty = true
+	p.meta[b.ID].state = 0
+	c := &p.c
+	c.frees++
+	c.allocated -= b.Size
+	c.allocations--
+	c.active -= b.Size
+	p.afterLockedFree()
+	return nil
+}
+
+// freeOdd is freeLocked for a closed or passthrough pool, or a pointer
+// no block can start at.
+func (p *Pool) freeOdd(ptr uintptr, s device.Stream) error {
 	if p.closed {
 		return ErrClosed
 	}
@@ -688,15 +834,16 @@ func (p *Pool) freeLocked(ptr uintptr, s device.Stream) error {
 		delete(p.ss.uses, uint64(ptr))
 		return nil
 	}
-	if ptr%indexGranularity != 0 {
-		// No block starts there. (Nor may 2^64−1 reach the index's address
-		// table, where it marks empty slots.)
-		return fmt.Errorf("%w: %#x is not %d-byte aligned", ErrUnknownPointer, ptr, indexGranularity)
-	}
-	b, err := p.x.Lookup(uint64(ptr))
-	if err != nil {
-		return translate(err)
-	}
+	// No block starts there. (Nor may 2^64−1 reach the index's address
+	// table, where it marks empty slots.)
+	return fmt.Errorf("%w: %#x is not %d-byte aligned", ErrUnknownPointer, ptr, indexGranularity)
+}
+
+// freeBlock frees block b, allocated in the index, in every case but
+// freeLocked's common one: a block cached by a P's cache, pending, or
+// freed already; a stream seen for the first time; multi-stream mode.
+func (p *Pool) freeBlock(b tlsf.Block, s device.Stream) error {
+	ptr := b.Addr
 	switch p.meta[b.ID].state {
 	case stateLive:
 	case stateCached:
@@ -928,6 +1075,7 @@ func (p *Pool) Trim() (uint64, error) {
 // Every later call returns ErrClosed. Errors: ErrClosed (closed already),
 // device errors (the pool is closed regardless).
 func (p *Pool) Close() error {
+	p.scav.halt() // before the lock: the scavenger may be waiting for it
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

@@ -42,8 +42,12 @@ type Stats struct {
 
 	// IndexFree is the free bytes in the index; for a VMM pool it
 	// includes address space whose pages were released. LargestFree is
-	// the largest free block, and Fragmentation is 1 − LargestFree /
-	// IndexFree (0 when nothing is free).
+	// the largest request in bytes that Alloc serves from the index's free
+	// space without growing (tlsf.Index.LargestAlloc: the largest free
+	// block rounded down to a size-class boundary, since good fit rounds
+	// requests up to one; an Alloc of it may still fail if released pages
+	// under it cannot be mapped again within the cap), and Fragmentation
+	// is 1 − LargestFree / IndexFree (0 when nothing is free).
 	IndexFree     uint64
 	LargestFree   uint64
 	Fragmentation float64
@@ -65,6 +69,10 @@ type Stats struct {
 	// addresses under ReleaseFraction (unmapped under free blocks, mapped
 	// where needed), in bytes since New.
 	RecycledBytes uint64
+	// ScavengedBytes is the device memory the background scavenger
+	// returned because the device ran low (FreeFloorFraction; included in
+	// ReleasedBytes), in bytes since New.
+	ScavengedBytes uint64
 	// OutOfMemory counts requests that failed with ErrOutOfMemory;
 	// Retries counts runs of the out-of-memory path (flush, wait,
 	// release, search again, grow again), successful or not.
@@ -88,18 +96,19 @@ func (p *Pool) Stats() Stats {
 func (p *Pool) statsLocked() Stats {
 	c := p.c
 	s := Stats{
-		Backend:       p.backend,
-		Reserved:      p.reserved(),
-		Pending:       c.pending,
-		Grows:         c.grows,
-		Releases:      c.releases,
-		OutOfMemory:   c.ooms,
-		Retries:       c.retries,
-		ReservedPeak:  c.reservedPeak,
-		ReleasedBytes: c.releasedBytes,
-		RecycledBytes: c.recycledBytes,
-		PendingBlocks: c.pendingBlocks,
-		DeviceCalls:   p.dev.counts(),
+		Backend:        p.backend,
+		Reserved:       p.reserved(),
+		Pending:        c.pending,
+		Grows:          c.grows,
+		Releases:       c.releases,
+		OutOfMemory:    c.ooms,
+		Retries:        c.retries,
+		ReservedPeak:   c.reservedPeak,
+		ReleasedBytes:  c.releasedBytes,
+		RecycledBytes:  c.recycledBytes,
+		ScavengedBytes: c.scavenged,
+		PendingBlocks:  c.pendingBlocks,
+		DeviceCalls:    p.dev.counts(),
 	}
 	if p.cache != nil {
 		p.cache.addStats(&c, &s)
@@ -111,9 +120,9 @@ func (p *Pool) statsLocked() Stats {
 	s.AllocsBySize = c.bySize
 	if p.pt == nil {
 		st := p.x.Stats()
-		s.IndexFree, s.LargestFree, s.FreeBlocks = st.Free, st.LargestFree, st.FreeBlocks
+		s.IndexFree, s.LargestFree, s.FreeBlocks = st.Free, p.x.LargestAlloc(), st.FreeBlocks
 		if st.Free > 0 {
-			s.Fragmentation = 1 - float64(st.LargestFree)/float64(st.Free)
+			s.Fragmentation = 1 - float64(s.LargestFree)/float64(st.Free)
 		}
 	}
 	return s

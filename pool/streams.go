@@ -82,6 +82,11 @@ func newStreamSet(dev *counted) *streamSet {
 // switching to multi-stream mode at the second stream). On error nothing
 // changed.
 func (ss *streamSet) use(s device.Stream) (*streamState, error) {
+	// A single-stream pool (the common case) finds its stream without the
+	// map.
+	if st := ss.first; st != nil && st.s == s && !ss.multi {
+		return st, nil
+	}
 	if st, ok := ss.all[s]; ok {
 		return st, nil
 	}

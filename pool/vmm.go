@@ -13,15 +13,25 @@ import (
 // vmmHeap is one virtual address range [base, base+vsize) reserved with
 // cuMemAddressReserve. The index sees [base, end) as one region that grows
 // at its end; every page (one allocation granule, 2 MiB on an H200) below
-// end is mapped to its own physical allocation (cuMemCreate + cuMemMap) or
-// is a hole: a page released because it lay wholly under free blocks,
-// mapped again when a block that covers it is allocated. Pages at or above
-// end are never mapped.
+// end is mapped, as part of one physical allocation (a handle: cuMemCreate
+// + cuMemMap) of one or more pages, or is a hole: a page released because
+// it lay wholly under free blocks, mapped again when a block that covers
+// it is allocated. Pages at or above end are never mapped.
 //
-// One physical allocation per page costs a cuMemCreate and a cuMemMap per
-// granule when growing (access is granted once per contiguous run with
-// cuMemSetAccess), and buys release at the finest granularity the driver
-// allows: cuMemUnmap must cover whole mappings.
+// # Handle size
+//
+// On an H200 the driver's cost is per handle and mapping, nearly whatever
+// their size (sim_latency.go: about 40 µs to create, map and grant access
+// to a 2 MiB handle, 38 µs for 20 MiB, 47 µs for 128 MiB), and batching
+// cuMemSetAccess over a range of mappings buys nothing. So a growth maps
+// its memory as one handle (up to maxHandlePages pages): a pool that grows
+// by 34 MiB at a time pays for one handle, not 17. The price is release
+// granularity: cuMemUnmap must cover whole mappings, so a handle is
+// released only when all of its pages lie under free blocks. Where that
+// matters, the pool asks for one-page handles (fine): when it runs near
+// its cap, or recycles pages under ReleaseFraction, as the smallest
+// feasible cap needs memory to move at the finest granularity the driver
+// allows.
 type vmmHeap struct {
 	dev     *counted
 	x       *tlsf.Index
@@ -29,23 +39,28 @@ type vmmHeap struct {
 	base    uint64
 	vsize   uint64
 	end     uint64             // top of the index's region; base when none yet
-	handles []device.MemHandle // by page; valid where mapped
+	handles []device.MemHandle // by page: the handle mapped over it; valid where mapped
+	start   []uint32           // by page: the first page of its mapping; valid where mapped
 	mapped  []bool             // by page
-	nMapped uint64             // pages mapped
-	holes   uint64             // unmapped pages below end
+	// fine: the next mappings use one-page handles (set by the pool before
+	// it grows or backs: near its cap, or under ReleaseFraction).
+	fine    bool
+	nMapped uint64 // pages mapped
+	holes   uint64 // unmapped pages below end
 	// orphans are physical allocations unmapped or never mapped whose
 	// cuMemRelease failed: still the pool's, counted as reserved, and
 	// released again at the next release or Close.
-	orphans []device.MemHandle
+	orphans []orphan
 	// stray pages are mapped, without access, by a mapping that failed
 	// and could not be undone (cuMemUnmap failed too). They count as
 	// mapped (reserved) and, below end, as holes; they are unmapped before
 	// the heap next maps, releases or closes.
 	stray  []bool // by page
 	nStray uint64
-	// spares are physical allocations unmapped by recycle and kept for the
-	// next mapping: moving a page costs cuMemUnmap and cuMemMap instead of
-	// also cuMemRelease and cuMemCreate. They count as reserved.
+	// spares are one-page physical allocations unmapped by recycle and
+	// kept for the next mapping: moving a page costs cuMemUnmap and
+	// cuMemMap instead of also cuMemRelease and cuMemCreate. They count as
+	// reserved. (Larger handles are released, never kept.)
 	spares []device.MemHandle
 	// note, when set (history on), is told of every run of pages mapped
 	// or unmapped: address and bytes (history.go).
@@ -53,6 +68,13 @@ type vmmHeap struct {
 	// peers are other devices granted access to every mapping (peers.go).
 	peers []int
 }
+
+// maxHandlePages bounds a handle: 64 pages, 128 MiB on an H200. Creating
+// a 128 MiB handle costs about what a 2 MiB one does (14.7 against 11.3
+// µs), releasing it 56 µs against 12; beyond it, the cost of release keeps
+// rising while what a larger handle saves on the way in is a few µs per
+// 128 MiB, and a larger handle is released only when more of it is free.
+const maxHandlePages = 64
 
 func newVMMHeap(dev *counted, x *tlsf.Index, vsize, total uint64) (*vmmHeap, error) {
 	gran, err := dev.AllocationGranularity()
@@ -74,13 +96,18 @@ func newVMMHeap(dev *counted, x *tlsf.Index, vsize, total uint64) (*vmmHeap, err
 	return &vmmHeap{
 		dev: dev, x: x, gran: gran, base: uint64(base), vsize: vsize, end: uint64(base),
 		handles: make([]device.MemHandle, pages),
+		start:   make([]uint32, pages),
 		mapped:  make([]bool, pages),
 		stray:   make([]bool, pages),
 	}, nil
 }
 
 func (h *vmmHeap) reserved() uint64 {
-	return (h.nMapped + uint64(len(h.orphans)+len(h.spares))) * h.gran
+	n := h.nMapped + uint64(len(h.spares))
+	for _, o := range h.orphans {
+		n += o.pages
+	}
+	return n * h.gran
 }
 func (h *vmmHeap) granularity() uint64 { return h.gran }
 func (h *vmmHeap) spare() uint64       { return uint64(len(h.spares)) * h.gran }
@@ -131,33 +158,51 @@ func (h *vmmHeap) grow(need, want uint64) error {
 	return nil
 }
 
-// mapRun maps up to n pages from page first (at least min of them, else
-// none): a physical allocation (a spare, else a new one) and a mapping per
-// page, then access for the whole run. It returns how many it mapped.
+// mapRun maps up to n pages from page first (at least least of them,
+// else none), then grants access to the whole run. Spares map first, a
+// page each; the rest maps as handles of up to maxHandlePages pages (one
+// page each when fine). A handle larger than a page that the driver
+// refuses is tried again as one-page handles: the device may have the
+// pages but not in one piece. It returns how many pages it mapped.
 func (h *vmmHeap) mapRun(first, n, least uint64) (uint64, error) {
 	var done uint64
 	var err error
-	for ; done < n; done++ {
+	for done < n {
 		p := first + done
 		var mh device.MemHandle
+		k := uint64(1)
 		spare := len(h.spares) > 0
 		if spare {
 			mh = h.spares[len(h.spares)-1]
 			h.spares = h.spares[:len(h.spares)-1]
-		} else if mh, err = h.dev.MemCreate(h.gran); err != nil {
-			break
+		} else {
+			if !h.fine {
+				k = min(n-done, maxHandlePages)
+			}
+			mh, err = h.dev.MemCreate(k * h.gran)
+			if err != nil && k > 1 {
+				k = 1
+				mh, err = h.dev.MemCreate(h.gran)
+			}
+			if err != nil {
+				break
+			}
 		}
-		if err = h.dev.MemMap(uintptr(h.pageAddr(p)), h.gran, mh); err != nil {
+		if err = h.dev.MemMap(uintptr(h.pageAddr(p)), k*h.gran, mh); err != nil {
 			if spare {
 				h.spares = append(h.spares, mh)
 			} else {
-				h.releaseHandle(mh)
+				h.releaseHandle(mh, k)
 			}
 			break
 		}
-		h.handles[p] = mh
-		h.mapped[p] = true
-		h.nMapped++
+		for q := p; q < p+k; q++ {
+			h.handles[q] = mh
+			h.start[q] = uint32(p)
+			h.mapped[q] = true
+		}
+		h.nMapped += k
+		done += k
 	}
 	if h.note != nil && done > 0 {
 		h.note(h.pageAddr(first), done*h.gran, true)
@@ -174,6 +219,16 @@ func (h *vmmHeap) mapRun(first, n, least uint64) (uint64, error) {
 		return 0, aerr
 	}
 	return done, nil
+}
+
+// mappingLen returns the number of pages of the mapping that starts at
+// page p (mapped, start[p] == p).
+func (h *vmmHeap) mappingLen(p uint64) uint64 {
+	q := p + 1
+	for q < uint64(len(h.mapped)) && h.mapped[q] && uint64(h.start[q]) == p {
+		q++
+	}
+	return q - p
 }
 
 // unmapOrStray undoes a mapping of pages [first, first+n) that has no
@@ -232,8 +287,9 @@ func (h *vmmHeap) unmapRun(first, n uint64) error {
 	return h.unmap(first, n, false)
 }
 
-// unmap unmaps pages [first, first+n), all mapped, and releases their
-// physical memory, or keeps it as spares.
+// unmap unmaps pages [first, first+n), all mapped and made of whole
+// mappings, and releases their physical memory, or, with keep, keeps the
+// one-page handles among them as spares.
 func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 	if n == 0 {
 		return nil
@@ -242,15 +298,19 @@ func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 	if err != nil {
 		return err // still mapped: keep accounting them
 	}
-	for p := first; p < first+n; p++ {
-		if keep {
+	for p := first; p < first+n; {
+		k := h.mappingLen(p)
+		if keep && k == 1 {
 			h.spares = append(h.spares, h.handles[p])
 		} else {
-			h.releaseHandle(h.handles[p])
+			h.releaseHandle(h.handles[p], k)
 		}
-		h.handles[p] = 0
-		h.mapped[p] = false
-		h.nMapped--
+		for q := p; q < p+k; q++ {
+			h.handles[q] = 0
+			h.mapped[q] = false
+		}
+		h.nMapped -= k
+		p += k
 	}
 	if h.note != nil {
 		h.note(h.pageAddr(first), n*h.gran, false)
@@ -258,28 +318,45 @@ func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 	return nil
 }
 
-// releaseHandle releases a physical allocation mapped nowhere, keeping it
-// as an orphan if the driver refuses.
-func (h *vmmHeap) releaseHandle(mh device.MemHandle) {
+// releaseHandle releases a physical allocation of pages pages mapped
+// nowhere, keeping it as an orphan if the driver refuses.
+func (h *vmmHeap) releaseHandle(mh device.MemHandle, pages uint64) {
 	if err := h.dev.MemRelease(mh); err != nil {
-		h.orphans = append(h.orphans, mh)
+		h.orphans = append(h.orphans, orphan{mh, pages})
 	}
+}
+
+// orphan is a physical allocation whose cuMemRelease failed.
+type orphan struct {
+	h     device.MemHandle
+	pages uint64
 }
 
 // releaseOrphans releases the orphans again and returns the bytes
 // released and the errors of those that stay.
 func (h *vmmHeap) releaseOrphans() (uint64, error) {
 	var errs []error
+	var released uint64
 	kept := h.orphans[:0]
-	for _, mh := range h.orphans {
-		if err := h.dev.MemRelease(mh); err != nil {
+	for _, o := range h.orphans {
+		if err := h.dev.MemRelease(o.h); err != nil {
 			errs = append(errs, err)
-			kept = append(kept, mh)
+			kept = append(kept, o)
+			continue
 		}
+		released += o.pages * h.gran
 	}
-	released := uint64(len(h.orphans)-len(kept)) * h.gran
 	h.orphans = kept
 	return released, errors.Join(errs...)
+}
+
+// orphanPages is the pages held by orphans.
+func (h *vmmHeap) orphanPages() uint64 {
+	var n uint64
+	for _, o := range h.orphans {
+		n += o.pages
+	}
+	return n
 }
 
 func (h *vmmHeap) pageAddr(p uint64) uint64 { return h.base + p*h.gran }
@@ -355,7 +432,7 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 			mh := h.spares[len(h.spares)-1]
 			h.spares = h.spares[:len(h.spares)-1]
 			if err := h.dev.MemRelease(mh); err != nil {
-				h.orphans = append(h.orphans, mh)
+				h.orphans = append(h.orphans, orphan{mh, 1})
 				errs = append(errs, err)
 				continue
 			}
@@ -365,6 +442,8 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 			return released, err
 		}
 	}
+	// Whole mappings lying under free blocks (with keep, one-page ones
+	// only: a larger handle is released, not moved).
 	type run struct{ first, n, blockSize uint64 }
 	var free []run
 	var top uint64 = ^uint64(0)
@@ -382,7 +461,14 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 		first := (b.Addr - h.base + h.gran - 1) / h.gran
 		end := (b.Addr + b.Size - h.base) / h.gran
 		for _, r := range runs(h.mapped, first, end, true) {
-			free = append(free, run{r[0], r[1], b.Size})
+			for p := r[0]; p < r[0]+r[1]; {
+				s := uint64(h.start[p])
+				k := h.mappingLen(s)
+				if s >= first && s+k <= end && (!keep || k == 1) {
+					free = append(free, run{s, k, b.Size})
+				}
+				p = s + k
+			}
 		}
 		return true
 	})
@@ -394,23 +480,26 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 			return released, err
 		}
 	}
+	// Within a free block, the top mappings first: the bottom may be cut
+	// off first. (Walk listed them bottom up; the sort is stable.)
+	for i := 0; i < len(free); {
+		j := i + 1
+		for j < len(free) && free[j].blockSize == free[i].blockSize && free[j].first > free[j-1].first {
+			j++
+		}
+		slices.Reverse(free[i:j])
+		i = j
+	}
 	for _, r := range free {
 		if released >= limit {
 			break
 		}
-		// Whole pages covering what is left to release; limit may be
-		// math.MaxUint64 (release all), so do not round up past it.
-		n := r.n
-		if left := limit - released; left < n*h.gran {
-			n = (left + h.gran - 1) / h.gran
-		}
-		// Release the top of the run: the bottom may be cut off first.
-		orphans := len(h.orphans)
-		if err := h.unmap(r.first+r.n-n, n, keep); err != nil {
+		orphans := h.orphanPages()
+		if err := h.unmap(r.first, r.n, keep); err != nil {
 			return released, err
 		}
-		h.holes += n
-		released += (n - uint64(len(h.orphans)-orphans)) * h.gran
+		h.holes += r.n
+		released += (r.n - (h.orphanPages() - orphans)) * h.gran
 	}
 	return released, nil
 }
@@ -427,7 +516,7 @@ func (h *vmmHeap) close() error {
 		}
 	}
 	for _, mh := range h.spares {
-		h.releaseHandle(mh)
+		h.releaseHandle(mh, 1)
 	}
 	h.spares = nil
 	if _, err := h.releaseOrphans(); err != nil {
@@ -460,6 +549,15 @@ func (h *vmmHeap) check() error {
 		}
 		if uint64(p) < top && (!m || h.stray[p]) {
 			holes++
+		}
+	}
+	for p, m := range h.mapped {
+		if !m {
+			continue
+		}
+		s := uint64(h.start[p])
+		if s > uint64(p) || !h.mapped[s] || uint64(h.start[s]) != s || h.handles[s] != h.handles[p] || h.mappingLen(s) > maxHandlePages {
+			return fmt.Errorf("pool: page %d: mapping from page %d inconsistent", p, s)
 		}
 	}
 	if mapped != h.nMapped || holes != h.holes || strays != h.nStray {

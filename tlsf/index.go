@@ -246,7 +246,37 @@ func (x *Index) Free(addr uint64) (Block, error) {
 	if !ok {
 		return Block{}, x.classifyBadAddress(addr)
 	}
-	b := uint32(r)
+	return x.freeRecord(uint32(r), addr), nil
+}
+
+// Detach removes the allocated block starting at addr from the address
+// table and returns it, still allocated: the first half of Free, for a
+// caller that must look at the block (its ID) before deciding to free it
+// with FreeDetached, or to put it back with Attach. Until then the index
+// is not consistent (Check fails, Lookup and Free do not find the block);
+// the caller does one or the other before any other call. One probe of
+// the address table, as Free; Lookup followed by Free makes two.
+//
+// Errors: as Free.
+func (x *Index) Detach(addr uint64) (Block, error) {
+	r, ok := x.live.Take(addr)
+	if !ok {
+		return Block{}, x.classifyBadAddress(addr)
+	}
+	return Block{Addr: addr, Size: x.blocks[uint32(r)].size, ID: uint32(r)}, nil
+}
+
+// Attach puts block b, detached by Detach, back in the address table: it
+// undoes Detach.
+func (x *Index) Attach(b Block) { x.live.Put(b.Addr, uint64(b.ID)) }
+
+// FreeDetached frees block b, detached by Detach, and merges it with its
+// free neighbours, as Free does, in O(1).
+func (x *Index) FreeDetached(b Block) { x.freeRecord(b.ID, b.Addr) }
+
+// freeRecord frees allocated record b at addr, already out of the address
+// table, and merges it (block_merge_prev, block_merge_next).
+func (x *Index) freeRecord(b uint32, addr uint64) Block {
 	bk := &x.blocks[b] // no record is added below: the pointers stay valid
 	freed := Block{Addr: addr, Size: bk.size, ID: b}
 	x.allocated -= bk.size
@@ -278,7 +308,7 @@ func (x *Index) Free(addr uint64) (Block, error) {
 	x.heads[i] = b
 	x.slBitmap[fl&63] |= 1 << (sl & 63)
 	x.flBitmap |= 1 << (fl & 63)
-	return freed, nil
+	return freed
 }
 
 // Lookup returns the allocated block that starts at addr.

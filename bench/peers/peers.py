@@ -74,7 +74,7 @@ ALLOCATORS = [
 ]
 # Ours natively from Go, by tlsf-stress backend.
 GO_BACKENDS = [("tlsf-vmm-go", "tlsf-vmm"), ("tlsf-chunks-go", "tlsf-chunks")]
-GO_DESC = "this pool natively from Go (tlsf-stress replay --json --repeat), backend "
+GO_DESC = "this pool natively from Go (tlsf-stress replay --json --warm-runs), backend "
 
 
 def log(*a):
@@ -814,7 +814,7 @@ def run_go(a, results, go_jobs, arg_of, stress, bin_dir, reps, bisect, deadline,
     """Replays the traces through this pool natively from Go
     (tlsf-stress replay --json) and adds its rows to results."""
     left = deadline - time.monotonic() - 5
-    argv = [stress, "replay", "--device", "cuda", "--json", "--repeat", str(reps),
+    argv = [stress, "replay", "--device", "cuda", "--json", "--warm-runs", str(reps),
             "--backend", ",".join(be for _, be in GO_BACKENDS)]
     if bisect:
         argv.append("--min-cap")
@@ -846,8 +846,8 @@ def run_go(a, results, go_jobs, arg_of, stress, bin_dir, reps, bisect, deadline,
                 "desc": GO_DESC + str(r.get("backend")), "ok": r.get("failed_allocs", 0) == 0,
                 "ops": r.get("ops"), "peak_live_bytes": live,
                 "cold_ns_per_op": r.get("cold_ns_per_op"),
-                "warm_ns_per_op_median": r.get("warm_ns_per_op_median", r.get("ns_per_op")),
-                "warm_ns_per_op_min": r.get("warm_ns_per_op_min", r.get("ns_per_op")),
+                "warm_ns_per_op_median": r.get("ns_per_op"),
+                "warm_ns_per_op_min": r.get("min_ns_per_op", r.get("ns_per_op")),
                 "warm_reps": r.get("warm_reps", 1),
                 "peak_reserved_bytes": r.get("peak_reserved_bytes"),
                 "peak_reserved_over_live": r.get("reserved_over_live"),

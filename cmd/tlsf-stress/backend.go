@@ -18,9 +18,12 @@ const (
 	backendChunks      = "tlsf-chunks" // pool.BackendChunks
 	backendPassthrough = "passthrough" // pool.BackendPassthrough: cuMemAlloc per block
 	backendAsync       = "async"       // the driver's pool: cuMemAllocAsync/cuMemFreeAsync
+	// backendVMMBestFit is pool.BackendVMM with Options.BestFit and caches
+	// for blocks of 4 KiB and less: the memory-tight placement.
+	backendVMMBestFit = "tlsf-vmm-bestfit"
 )
 
-var allBackends = []string{backendVMM, backendChunks, backendPassthrough, backendAsync}
+var allBackends = []string{backendVMM, backendChunks, backendPassthrough, backendAsync, backendVMMBestFit}
 
 // parseBackends splits a comma-separated --backend list, rejecting
 // unknown and repeated names.
@@ -84,7 +87,7 @@ type allocOptions struct {
 func newAllocator(d device.Device, name string, o allocOptions) (allocator, error) {
 	var be pool.Backend
 	switch name {
-	case backendVMM:
+	case backendVMM, backendVMMBestFit:
 		be = pool.BackendVMM
 	case backendChunks:
 		be = pool.BackendChunks
@@ -95,7 +98,11 @@ func newAllocator(d device.Device, name string, o allocOptions) (allocator, erro
 	default:
 		return nil, fmt.Errorf("unknown backend %q", name)
 	}
-	p, err := pool.New(d, pool.Options{Backend: be, MaxBytes: o.capBytes, MaxFraction: o.maxFraction, History: o.history})
+	po := pool.Options{Backend: be, MaxBytes: o.capBytes, MaxFraction: o.maxFraction, History: o.history}
+	if name == backendVMMBestFit {
+		po.BestFit, po.Cache.MaxSize = true, 4<<10
+	}
+	p, err := pool.New(d, po)
 	if err != nil {
 		return nil, err
 	}

@@ -53,6 +53,8 @@
 //	              cuMemFreeAsync; device.AsyncAllocator), with its release
 //	              threshold at the maximum so that it keeps freed memory
 //	              like a caching allocator, and trimmed when done
+//	tlsf-vmm-bestfit  tlsf-vmm with pool.Options.BestFit and per-P caches
+//	              for blocks of 4 KiB and less (the memory-tight placement)
 //
 // With --cap, the pools are made with pool.Options.MaxBytes; the driver's
 // pool has no cap of its own, so the async backend occupies the rest of
@@ -72,11 +74,12 @@
 // traces. A malformed file is an error naming the file and the line (or
 // byte offset, or pickle element).
 //
-// Each trace is replayed twice per backend on one allocator on a fresh
-// device (on a GPU, the same device, with each allocator closed and the
-// driver's pool trimmed in between): the first replay warms the allocator
-// and the second is timed, so ns_per_op is the warm cost per alloc or
-// free, as are the peers' figures (trace.Baselines, measured on an H200)
+// Each trace is compiled (IDs to dense slots, replay.Compile) and then
+// replayed per backend on one allocator on a fresh device (on a GPU, the
+// same device, with each allocator closed and the driver's pool trimmed
+// in between): the first replay warms the allocator (cold_ns_per_op) and
+// --warm-runs more (default 10) are timed; ns_per_op is their median, the
+// warm cost per alloc or free, as are the peers' figures (trace.Baselines, measured on an H200)
 // that the table prints beside ours. Blocks a trace leaves live are freed
 // after each replay. Trace streams other than 0 map to streams created
 // for the replay. On the simulated device ns_per_op is host time only
@@ -104,7 +107,7 @@
 //	trace                string   trace name ("resnet50")
 //	source               string   file, or data/NAME.trace.gz for an embedded trace
 //	format               string   "text", "pytorch-snapshot" or "rmm-csv"
-//	backend              string   tlsf-vmm, tlsf-chunks, passthrough or async
+//	backend              string   tlsf-vmm, tlsf-chunks, passthrough, async or tlsf-vmm-bestfit
 //	device               string   device name ("NVIDIA H200", "Simulated H200")
 //	device_kind          string   "cuda" or "sim"
 //	ops                  int      operations of the timed replay (failed allocations and their frees excluded)
@@ -115,21 +118,18 @@
 //	min_cap_bytes        uint64   with --min-cap only: the smallest cap with no failed allocation
 //	min_cap_over_live    float64  with --min-cap only: min_cap_bytes / peak_live_bytes
 //	min_cap_runs         int      with --min-cap only: replays the bisection ran
-//	ns_per_op            float64  warm wall time per op (the second replay)
+//	ns_per_op            float64  warm wall time per op: the median of the warm replays
+//	min_ns_per_op        float64  the fastest warm replay's wall time per op
+//	warm_runs            int      warm replays timed (--warm-runs)
 //	cold_ns_per_op       float64  wall time per op of the first replay
-//	device_ns_per_op     float64  sim only: modelled driver time per op of the second replay
-//	device_calls         uint64   driver calls the allocator made, creation and both replays
-//	warm_device_calls    uint64   of those, during the timed replay
+//	device_ns_per_op     float64  sim only: modelled driver time per op, warm replays
+//	cold_device_ns_per_op float64 sim only: modelled driver time per op of the first replay, New included
+//	device_calls         uint64   driver calls the allocator made, creation and all replays
+//	warm_device_calls    uint64   of those, during the warm replays (all of them)
 //	device_calls_by_name object   driver entry point → calls, the non-zero ones
 //	failed_allocs        int      allocations that failed in the first replay
-//	warm_failed_allocs   int      allocations that failed in the second replay
+//	warm_failed_allocs   int      allocations that failed in the warm replays
 //	first_error          string   the first allocation error, if any (omitted otherwise)
-//	warm_reps            int      with --repeat N > 1 only: N, the timed warm replays
-//	warm_ns_per_op_median float64 with --repeat N > 1 only: the median of their ns/op
-//	warm_ns_per_op_min   float64  with --repeat N > 1 only: the minimum of their ns/op
-//
-// --repeat N (default 1) times N warm replays on the same allocator
-// instead of one; ns_per_op stays the first of them.
 //
 // # export
 //

@@ -106,16 +106,14 @@ var replaySchema = map[string]string{
 	"device": "string", "device_kind": "string", "ops": "int",
 	"peak_live_bytes": "int", "peak_reserved_bytes": "int", "reserved_over_live": "number",
 	"cap_bytes": "int", "min_cap_bytes": "int", "min_cap_over_live": "number", "min_cap_runs": "int",
-	"ns_per_op": "number", "cold_ns_per_op": "number", "device_ns_per_op": "number",
+	"ns_per_op": "number", "min_ns_per_op": "number", "warm_runs": "int", "cold_ns_per_op": "number", "device_ns_per_op": "number", "cold_device_ns_per_op": "number",
 	"device_calls": "int", "warm_device_calls": "int", "device_calls_by_name": "object",
 	"failed_allocs": "int", "warm_failed_allocs": "int", "first_error": "string",
-	"warm_reps": "int", "warm_ns_per_op_median": "number", "warm_ns_per_op_min": "number",
 }
 
 var replayOptional = map[string]bool{
 	"min_cap_bytes": true, "min_cap_over_live": true, "min_cap_runs": true,
-	"device_ns_per_op": true, "first_error": true,
-	"warm_reps": true, "warm_ns_per_op_median": true, "warm_ns_per_op_min": true,
+	"device_ns_per_op": true, "cold_device_ns_per_op": true, "first_error": true,
 }
 
 // checkSchema asserts that m has every required field of schema, no field
@@ -240,7 +238,7 @@ func TestDefaultReplaysEveryTraceWithMinCapAndVerdicts(t *testing.T) {
 		require.NoError(t, err)
 		for _, be := range allBackends {
 			// Our rows: measured by this run, with a min cap figure.
-			assert.Regexp(t, name+`\s+`+be+`\s+this run \(sim\)\s+`+fmt.Sprint(len(tr.Ops))+`\s+\d+\s+\d+\s+[\d.]+ GiB\s+[\d.]+\s+1\.\d{3}\s`, out)
+			assert.Regexp(t, name+`\s+`+be+`\s+this run \(sim\)\s+`+fmt.Sprint(len(tr.Ops))+`\s+\d+\s+\d+\s+\d+\s+\d+\s+\d+\s+[\d.]+ GiB\s+[\d.]+\s+1\.\d{3}\s`, out)
 		}
 		assert.Regexp(t, name+`\s+peer torch\s+H200, baseline.json\s`, out)
 		assert.Regexp(t, `(?m)^verdict `+name+`: tlsf-(vmm|chunks) min cap 1\.\d{3}× live vs 1\.\d{3}× for the best peer \(\S+, H200, baseline.json\): (lower|higher|equal)$`, out)

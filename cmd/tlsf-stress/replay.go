@@ -38,7 +38,7 @@ type replayOpts struct {
 	minCap   bool
 	json     bool
 	plot     string
-	repeat   int    // timed warm replays (--repeat)
+	warmRuns int    // timed warm replays (--warm-runs)
 	snapshot string // --snapshot FILE (snapshot.go)
 }
 
@@ -48,9 +48,10 @@ func newReplayCmd(g *globalFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "replay [flags] [TRACE...]",
 		Short: "Replay allocation traces through the pool and its peers",
-		Long: `Replay allocation traces through each backend, twice on the same allocator: the
-first replay warms it, the second is timed, so ns/op is the warm replay cost
-per alloc or free, as the peers' figures are.
+		Long: `Replay allocation traces through each backend on one allocator: the first
+replay warms it (its cost is cold ns/op), then --warm-runs more are timed, and
+ns/op is their median: the warm replay cost per alloc or free, as the peers'
+figures are. Trace IDs are compiled to dense slots before anything is timed.
 
 A TRACE is a file (this project's text format, a PyTorch memory snapshot
 pickle, or an RMM logging_resource_adaptor CSV log, plain or gzip, told apart
@@ -82,8 +83,8 @@ python3 -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.`,
 			if o.backends, err = parseBackends(backends); err != nil {
 				return err
 			}
-			if o.repeat < 1 {
-				return usagef("--repeat %d: want 1 or more", o.repeat)
+			if o.warmRuns < 1 {
+				return usagef("--warm-runs %d: want 1 or more", o.warmRuns)
 			}
 			if o.plot != "" {
 				if ext := strings.ToLower(filepath.Ext(o.plot)); ext != ".svg" && ext != ".png" {
@@ -112,7 +113,7 @@ python3 -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.`,
 	f.Var(&o.cap, "cap", "cap on device memory: bytes (suffixes KiB..TiB), or a fraction of total memory such as 0.5")
 	f.BoolVar(&o.minCap, "min-cap", false, "find by bisection the smallest cap under which the trace replays with no failed allocation")
 	f.BoolVar(&o.json, "json", false, "print one JSON object per trace and backend (schema in the package doc) instead of a table")
-	f.IntVar(&o.repeat, "repeat", 1, "timed warm replays per trace and backend; above 1, JSON adds their median and minimum ns/op")
+	f.IntVar(&o.warmRuns, "warm-runs", replay.MinWarmRuns, "warm replays timed per trace and backend; ns/op is their median")
 	f.StringVar(&o.plot, "plot", "", "write live and reserved bytes over the first replay to `FILE` (.svg or .png; with several traces, FILE-TRACE.ext)")
 	f.StringVar(&o.snapshot, "snapshot", "", "replay each trace once more with the first pool backend, recording its history, and write a PyTorch memory snapshot (the pickle of torch.cuda.memory._snapshot(), for pytorch.org/memory_viz) to `FILE` (with several traces, FILE-TRACE.ext)")
 	return cmd
@@ -137,18 +138,17 @@ type replayResult struct {
 	MinCapOverLive    *float64          `json:"min_cap_over_live,omitempty"`
 	MinCapRuns        int               `json:"min_cap_runs,omitempty"`
 	NsPerOp           float64           `json:"ns_per_op"`
+	MinNsPerOp        float64           `json:"min_ns_per_op"`
+	WarmRuns          int               `json:"warm_runs"`
 	ColdNsPerOp       float64           `json:"cold_ns_per_op"`
 	DeviceNsPerOp     *float64          `json:"device_ns_per_op,omitempty"`
+	ColdDeviceNsPerOp *float64          `json:"cold_device_ns_per_op,omitempty"`
 	DeviceCalls       uint64            `json:"device_calls"`
 	WarmDeviceCalls   uint64            `json:"warm_device_calls"`
 	DeviceCallsByName map[string]uint64 `json:"device_calls_by_name"`
 	FailedAllocs      int               `json:"failed_allocs"`
 	WarmFailedAllocs  int               `json:"warm_failed_allocs"`
 	FirstError        string            `json:"first_error,omitempty"`
-	// With --repeat N > 1: N timed warm replays, their median and minimum.
-	WarmReps          int      `json:"warm_reps,omitempty"`
-	WarmNsPerOpMedian *float64 `json:"warm_ns_per_op_median,omitempty"`
-	WarmNsPerOpMin    *float64 `json:"warm_ns_per_op_min,omitempty"`
 
 	series []sample // live and reserved bytes over the first replay, with --plot
 }
@@ -247,15 +247,24 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		Device: dev.Name(), DeviceKind: ds.kind, PeakLiveBytes: t.PeakLive(), CapBytes: capBytes,
 	}
 	sd, _ := dev.(*sim.Device)
+	ct := replay.Compile(t)
 	var simT0, simT1 time.Duration
 	err = withAllocator(dev, t, be, allocOptions{capBytes: capBytes}, func(a replayAllocator) error {
 		every := 0
 		if o.plot != "" {
 			every = max(1, len(t.Ops)/plotPoints)
 		}
-		cold, series, err := replayTrace(t, a, every)
+		var cold0 time.Duration
+		if sd != nil {
+			cold0 = sd.SimTime()
+		}
+		cold, series, err := replayTrace(ct, a, every)
 		if err != nil {
 			return err
+		}
+		if sd != nil && cold.Ops > 0 {
+			v := float64(sd.SimTime()-cold0) / float64(cold.Ops)
+			r.ColdDeviceNsPerOp = &v
 		}
 		if err := cold.FreeLeft(a); err != nil {
 			return err
@@ -265,27 +274,22 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		if sd != nil {
 			simT0 = sd.SimTime()
 		}
-		warm, _, err := replayTrace(t, a, 0)
+		w, err := ct.Warm(a, max(o.warmRuns, 1), nil)
 		if err != nil {
 			return err
 		}
+		warm := w.Last
+		warm.Failed = w.Failed
 		if sd != nil {
 			simT1 = sd.SimTime()
 		}
 		c1 := a.calls()
-		if err := warm.FreeLeft(a); err != nil {
-			return err
-		}
-		if o.repeat > 1 {
-			if err := repeatWarm(t, a, o.repeat, warm.NsPerOp(), r); err != nil {
-				return err
-			}
-		}
 		peak, err := a.peakReserved()
 		if err != nil {
 			return err
 		}
-		r.Ops, r.NsPerOp, r.ColdNsPerOp = warm.Ops, warm.NsPerOp(), cold.NsPerOp()
+		r.Ops, r.NsPerOp, r.ColdNsPerOp = warm.Ops, w.MedianNsPerOp, cold.NsPerOp()
+		r.MinNsPerOp, r.WarmRuns = w.MinNsPerOp, len(w.Runs)
 		r.FailedAllocs, r.WarmFailedAllocs = cold.Failed, warm.Failed
 		if cold.FirstErr != nil {
 			r.FirstError = cold.FirstErr.Error()
@@ -296,7 +300,7 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		r.DeviceCalls, r.WarmDeviceCalls = c1.Total(), c1.Total()-c0.Total()
 		r.DeviceCallsByName = c1.Map()
 		if sd != nil && warm.Ops > 0 {
-			v := float64(simT1-simT0) / float64(warm.Ops)
+			v := float64(simT1-simT0) / float64(warm.Ops) / float64(len(w.Runs))
 			r.DeviceNsPerOp = &v
 		}
 		return nil
@@ -315,39 +319,17 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 	return r, nil
 }
 
-// repeatWarm replays t n-1 more times on a, warm, and records the median
-// and minimum ns/op of those and the first warm replay (ns0) in r.
-func repeatWarm(t *trace.Trace, a replayAllocator, n int, ns0 float64, r *replayResult) error {
-	ns := []float64{ns0}
-	for range n - 1 {
-		res, _, err := replayTrace(t, a, 0)
-		if err != nil {
-			return err
-		}
-		if err := res.FreeLeft(a); err != nil {
-			return err
-		}
-		ns = append(ns, res.NsPerOp())
-	}
-	slices.Sort(ns)
-	med := ns[len(ns)/2]
-	if len(ns)%2 == 0 {
-		med = (ns[len(ns)/2-1] + med) / 2
-	}
-	r.WarmReps, r.WarmNsPerOpMedian, r.WarmNsPerOpMin = n, &med, &ns[0]
-	return nil
-}
-
 // findMinCap bisects the cap between peak live and peak reserved bytes
 // (raised if need be), a fresh allocator on a fresh device per probe.
 func findMinCap(ds *devices, t *trace.Trace, be string, r *replayResult) error {
+	ct := replay.Compile(t)
 	hi := max(r.PeakReservedBytes, r.PeakLiveBytes) + minCapStep
 	c, runs, err := replay.MinCap(r.PeakLiveBytes, hi, minCapStep, func(capBytes uint64) (bool, error) {
 		dev, release := ds.get()
 		defer release()
 		ok := false
 		err := withAllocator(dev, t, be, allocOptions{capBytes: capBytes}, func(a replayAllocator) error {
-			res, _, err := replayTrace(t, a, 0)
+			res, _, err := replayTrace(ct, a, 0)
 			if err != nil {
 				return err
 			}
@@ -376,10 +358,16 @@ type replayAllocator struct {
 }
 
 func (a replayAllocator) Alloc(size, stream uint64) (uintptr, error) {
+	if stream == 0 {
+		return a.AllocOn(size, 0)
+	}
 	return a.AllocOn(size, a.streams[stream])
 }
 
 func (a replayAllocator) Free(ptr uintptr, stream uint64) error {
+	if stream == 0 {
+		return a.FreeOn(ptr, 0)
+	}
 	return a.FreeOn(ptr, a.streams[stream])
 }
 
@@ -409,12 +397,17 @@ func withAllocator(dev device.Device, t *trace.Trace, be string, o allocOptions,
 	return errors.Join(err, a.close())
 }
 
-// replayTrace replays t through a (replay.RunSampled) and returns the
-// result, whose Left a warm replay on the same allocator must free first,
-// and, every every ops (0: never), a sample of live and reserved bytes.
-func replayTrace(t *trace.Trace, a replayAllocator, every int) (replay.Result, []sample, error) {
+// replayTrace replays compiled trace t through a (RunSampled) and
+// returns the result, whose Left a warm replay on the same allocator must
+// free first, and, every every ops (0: never), a sample of live and
+// reserved bytes.
+func replayTrace(t *replay.Compiled, a replayAllocator, every int) (replay.Result, []sample, error) {
+	if every == 0 {
+		res, err := t.Run(a)
+		return res, nil, err
+	}
 	var series []sample
-	res, err := replay.RunSampled(t, a, every, func(op int, live uint64) error {
+	res, err := t.RunSampled(a, every, func(op int, live uint64) error {
 		rsv, err := a.reserved()
 		series = append(series, sample{Op: op, Live: live, Reserved: rsv})
 		return err

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/gpumem/tlsf/internal/replay"
 	"github.com/gpumem/tlsf/internal/trace"
 )
 
@@ -81,7 +82,7 @@ func writeSnapshot(ds *devices, t *trace.Trace, be string, o *replayOpts, name s
 	// Every op, and the growths and releases between them.
 	events := 2*len(t.Ops) + 1024
 	return withAllocator(dev, t, be, allocOptions{capBytes: o.cap.resolve(total), history: events}, func(a replayAllocator) error {
-		res, _, err := replayTrace(t, a, 0)
+		res, _, err := replayTrace(replay.Compile(t), a, 0)
 		if err != nil {
 			return err
 		}

@@ -54,7 +54,7 @@ func TestReplaySnapshotRefusesABadPathAtOnce(t *testing.T) {
 func TestReplayShowsWhyAllocationsFailedWithoutJSON(t *testing.T) {
 	out, errs, status := cli(t, "replay", "--device", "sim", "--backend", "tlsf-vmm", "--cap", "1GiB", "lstm")
 	require.Equal(t, exitOK, status, errs) // with --cap, failures are the measurement
-	require.Regexp(t, `lstm tlsf-vmm: \d+ allocations failed in the first replay, \d+ in the second; first error: pool: out of memory: request of`, out)
+	require.Regexp(t, `lstm tlsf-vmm: \d+ allocations failed in the first replay, \d+ in the last warm one; first error: pool: out of memory: request of`, out)
 	require.Contains(t, out, "(see below)")
 }
 

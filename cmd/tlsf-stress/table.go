@@ -25,19 +25,21 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 	sd := ds.kind == deviceSim
 	here := "this run (" + ds.kind + ")"
 	fmt.Fprintf(w, "Replay on %s (%s). ns/op is the warm cost per alloc or free: each trace is\n", ds.name(), ds.kind)
-	fmt.Fprintln(w, "replayed once to warm the allocator, then again on it, timed; peers' figures are warm too.")
+	fmt.Fprintln(w, "replayed once to warm the allocator (cold ns/op), then timed on it several times (--warm-runs):")
+	fmt.Fprintln(w, "ns/op is the median of those warm replays, min ns/op their minimum. Peers' figures are warm too.")
 	fmt.Fprintf(w, "Rows measured %q come from this replay; rows measured %q are peers'\n", here, baselineSource)
 	fmt.Fprintln(w, "figures recorded on an NVIDIA H200 (internal/trace/data/baseline.json), peak live as the trace sizes it;")
 	fmt.Fprintln(w, "bench/peers/run.sh measures every peer side by side with this pool (bench/RESULTS.md).")
 	if sd {
 		fmt.Fprintln(w, "On the simulated device our ns/op is host time only, not comparable with the peers' GPU")
-		fmt.Fprintln(w, "times; drv ns/op is the modelled driver time per op. Async on the simulated device never")
+		fmt.Fprintln(w, "times; drv ns/op is the modelled H200 driver time per op of the warm replays, cold drv ns/op")
+		fmt.Fprintln(w, "that of the first. Async on the simulated device never")
 		fmt.Fprintln(w, "fragments: its memory figures are lower bounds.")
 	}
 	baselines, _ := trace.Baselines()
-	cols := []string{"trace", "allocator", "measured", "ops", "ns/op"}
+	cols := []string{"trace", "allocator", "measured", "ops", "ns/op", "min ns/op", "cold ns/op"}
 	if sd {
-		cols = append(cols, "drv ns/op")
+		cols = append(cols, "drv ns/op", "cold drv ns/op")
 	}
 	cols = append(cols, "peak reserved", "reserved/live", "min cap/live", "device calls", "failed")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -54,9 +56,10 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 		if i > 0 && r.Trace != results[i-1].Trace {
 			row()
 		}
-		cells := []string{r.Trace, r.Backend, here, fmt.Sprint(r.Ops), fmt.Sprintf("%.0f", r.NsPerOp)}
+		cells := []string{r.Trace, r.Backend, here, fmt.Sprint(r.Ops), fmt.Sprintf("%.0f", r.NsPerOp),
+			fmt.Sprintf("%.0f", r.MinNsPerOp), fmt.Sprintf("%.0f", r.ColdNsPerOp)}
 		if sd {
-			cells = append(cells, optFloat(r.DeviceNsPerOp, "%.0f"))
+			cells = append(cells, optFloat(r.DeviceNsPerOp, "%.0f"), optFloat(r.ColdDeviceNsPerOp, "%.0f"))
 		}
 		failed := fmt.Sprint(r.FailedAllocs)
 		if r.FailedAllocs > 0 {
@@ -74,9 +77,9 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 		}
 		for _, name := range slices.Sorted(maps.Keys(bl.Peers)) {
 			p := bl.Peers[name]
-			cells := []string{r.Trace, "peer " + name, baselineSource, fmt.Sprint(bl.Ops), zeroDash(p.WarmNsPerOp, "%.0f")}
+			cells := []string{r.Trace, "peer " + name, baselineSource, fmt.Sprint(bl.Ops), zeroDash(p.WarmNsPerOp, "%.0f"), "", ""}
 			if sd {
-				cells = append(cells, "")
+				cells = append(cells, "", "")
 			}
 			rsv := "-"
 			if p.PeakReservedBytes > 0 {
@@ -88,7 +91,7 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 	tw.Flush()
 	for _, r := range results {
 		if r.FailedAllocs > 0 || r.WarmFailedAllocs > 0 || r.FirstError != "" {
-			fmt.Fprintf(w, "%s %s: %d allocations failed in the first replay, %d in the second; first error: %s\n",
+			fmt.Fprintf(w, "%s %s: %d allocations failed in the first replay, %d in the last warm one; first error: %s\n",
 				r.Trace, r.Backend, r.FailedAllocs, r.WarmFailedAllocs, r.FirstError)
 		}
 	}

@@ -318,6 +318,26 @@ func (s *Device) do(c device.Call, f func() (size uint64, err error)) error {
 	return err
 }
 
+// doPer is do for a call that works on several mappings at once
+// (cuMemUnmap, cuMemSetAccess over a range): f returns the size of each,
+// and the call costs Overhead once plus Cost per mapping, as on an H200,
+// where batching a range buys nothing (sim_latency.go).
+func (s *Device) doPer(c device.Call, f func() (sizes []uint64, err error)) error {
+	return s.do(c, func() (uint64, error) {
+		sizes, err := f()
+		if err == nil && s.lat.Cost[c] != nil && len(sizes) > 1 {
+			// do charges the first; charge the rest here (s.g.mu held).
+			for _, n := range sizes[1:] {
+				s.times[c] += s.lat.Cost[c](n)
+			}
+		}
+		if len(sizes) == 0 {
+			return 0, err
+		}
+		return sizes[0], err
+	})
+}
+
 // simErr is an error of call c wrapping sentinel, with detail.
 func simErr(c device.Call, sentinel error, format string, args ...any) error {
 	return fmt.Errorf("device: sim %s: %s: %w", c, fmt.Sprintf(format, args...), sentinel)

@@ -14,18 +14,20 @@ package sim
 //     222 µs at 2 GiB;
 //   - cuMemFree: about 35 µs up to 16 MiB, 148 µs at 256 MiB, 874 µs at
 //     2 GiB.
-//   - for one 2 MiB page (BenchmarkCUDAVMMPage, mean of 1280 calls each,
-//     overhead included): cuMemCreate 12.2 µs, cuMemMap 2.4 µs,
-//     cuMemSetAccess 28.0 µs, cuMemUnmap 19.6 µs, cuMemRelease 13.8 µs.
+//   - VMM calls cost per physical allocation (handle) and mapping, not
+//     per call nor per byte: µs per handle for cuMemCreate / cuMemMap /
+//     cuMemSetAccess / cuMemUnmap / cuMemRelease, overhead included
+//     (issue 11, 2026-12-01):
+//     2 MiB handles   11.3 / 2.5 / 25.6 / 18.2 / 12.2;
+//     20 MiB handles  11.3 / 2.2 / 24.6 / 15.4 / 19.3;
+//     128 MiB handles 14.7 / 2.6 / 30.1 / 17.9 / 56.3.
+//     cuMemSetAccess and cuMemUnmap over a range of several mappings cost
+//     the sum over the mappings (batching buys nothing; Sim charges them
+//     per mapping, doPer), so a pool's cold path costs per handle.
 // Costs between the points are interpolated linearly in size and
 // extrapolated beyond the last two. The rest are plausible defaults, not
 // measurements, chosen to keep the relations that matter to a pool
 // (events and queries are cheap; memory operations go at bandwidth):
-//   - cuMemCreate and cuMemRelease of more than a page grow like
-//     cuMemAlloc and cuMemFree (they allocate or free the same pages);
-//   - cuMemSetAccess and cuMemUnmap of more than a page: the one-page cost
-//     plus 0.4 and 0.2 µs per further 2 MiB (page-table writes, TLB
-//     shootdown);
 //   - cuMemAddressReserve/Free 5 µs; cuMemGetInfo 2 µs; cuMemAllocPitch
 //     like cuMemAlloc;
 //   - stream create/destroy 5 µs; synchronize, wait, event calls 1 µs
@@ -113,6 +115,19 @@ func flat(d time.Duration) func(uint64) time.Duration {
 	return func(uint64) time.Duration { return d }
 }
 
+// perHandle is a cost through the H200's measurements for handles of 2,
+// 20 and 128 MiB, in µs with the call overhead included (taken off
+// here: Overhead is charged apart).
+func perHandle(at2, at20, at128 float64) func(uint64) time.Duration {
+	const mib = 1 << 20
+	us := func(v float64) time.Duration { return time.Duration(v*1000) - 470 }
+	return Piecewise(
+		LatencyPoint{2 * mib, us(at2)},
+		LatencyPoint{20 * mib, us(at20)},
+		LatencyPoint{128 * mib, us(at128)},
+	)
+}
+
 // H200Latency returns the default model, from H200 measurements where
 // there are some and plausible values elsewhere (see sim_latency.go).
 // Each call returns a new Latency that the caller may modify.
@@ -131,17 +146,18 @@ func H200Latency() *Latency {
 	)
 	l := &Latency{Overhead: 470 * time.Nanosecond}
 	l.Cost = [device.NumCalls]func(uint64) time.Duration{
-		device.CallMemGetInfo:        flat(2 * us),
-		device.CallMemAlloc:          alloc,
-		device.CallMemFree:           free,
-		device.CallMemAllocPitch:     alloc,
-		device.CallAddressReserve:    flat(5 * us),
-		device.CallAddressFree:       flat(5 * us),
-		device.CallMemCreate:         Piecewise(LatencyPoint{2 * mib, 11730 * time.Nanosecond}, LatencyPoint{16 * mib, 40 * us}, LatencyPoint{256 * mib, 59 * us}, LatencyPoint{2048 * mib, 222 * us}),
-		device.CallMemRelease:        Piecewise(LatencyPoint{2 * mib, 13330 * time.Nanosecond}, LatencyPoint{16 * mib, 35 * us}, LatencyPoint{256 * mib, 148 * us}, LatencyPoint{2048 * mib, 874 * us}),
-		device.CallMemMap:            flat(1930 * time.Nanosecond),
-		device.CallMemUnmap:          Piecewise(LatencyPoint{2 * mib, 19130 * time.Nanosecond}, LatencyPoint{2048 * mib, 19130*time.Nanosecond + 1023*200*time.Nanosecond}),
-		device.CallMemSetAccess:      Piecewise(LatencyPoint{2 * mib, 27530 * time.Nanosecond}, LatencyPoint{2048 * mib, 27530*time.Nanosecond + 1023*400*time.Nanosecond}),
+		device.CallMemGetInfo:     flat(2 * us),
+		device.CallMemAlloc:       alloc,
+		device.CallMemFree:        free,
+		device.CallMemAllocPitch:  alloc,
+		device.CallAddressReserve: flat(5 * us),
+		device.CallAddressFree:    flat(5 * us),
+		// Per handle or mapping, the overhead (0.47 µs) taken off.
+		device.CallMemCreate:         perHandle(11.3, 11.3, 14.7),
+		device.CallMemMap:            perHandle(2.5, 2.2, 2.6),
+		device.CallMemSetAccess:      perHandle(25.6, 24.6, 30.1),
+		device.CallMemUnmap:          perHandle(18.2, 15.4, 17.9),
+		device.CallMemRelease:        perHandle(12.2, 19.3, 56.3),
 		device.CallStreamCreate:      flat(5 * us),
 		device.CallStreamDestroy:     flat(5 * us),
 		device.CallStreamSynchronize: flat(1 * us),

@@ -330,12 +330,17 @@ func TestSimLatency(t *testing.T) {
 		{device.CallMemFree, 4096, oh + 35*us},
 		{device.CallMemFree, 256 * simMiB, oh + 148*us},
 		{device.CallMemFree, 2048 * simMiB, oh + 874*us},
-		// One 2 MiB page of the VMM calls: as measured on the H200.
-		{device.CallMemCreate, 2 * simMiB, 12200 * time.Nanosecond},
-		{device.CallMemRelease, 2 * simMiB, 13800 * time.Nanosecond},
-		{device.CallMemMap, 2 * simMiB, 2400 * time.Nanosecond},
-		{device.CallMemSetAccess, 2 * simMiB, 28 * us},
-		{device.CallMemUnmap, 2 * simMiB, 19600 * time.Nanosecond},
+		// VMM calls per handle of 2, 20 and 128 MiB: as measured on the
+		// H200 (issue 11), overhead included.
+		{device.CallMemCreate, 2 * simMiB, 11300 * time.Nanosecond},
+		{device.CallMemCreate, 20 * simMiB, 11300 * time.Nanosecond},
+		{device.CallMemCreate, 128 * simMiB, 14700 * time.Nanosecond},
+		{device.CallMemRelease, 2 * simMiB, 12200 * time.Nanosecond},
+		{device.CallMemRelease, 128 * simMiB, 56300 * time.Nanosecond},
+		{device.CallMemMap, 2 * simMiB, 2500 * time.Nanosecond},
+		{device.CallMemSetAccess, 2 * simMiB, 25600 * time.Nanosecond},
+		{device.CallMemSetAccess, 20 * simMiB, 24600 * time.Nanosecond},
+		{device.CallMemUnmap, 2 * simMiB, 18200 * time.Nanosecond},
 		{device.CallEventQuery, 0, oh + 1*us},
 		{device.CallMemsetD32, 3e9, oh + 2500*time.Nanosecond + time.Millisecond},
 		{device.CallMemcpyDtoH, 25e6, oh + 8*us + time.Millisecond},
@@ -343,6 +348,22 @@ func TestSimLatency(t *testing.T) {
 	for _, c := range cases {
 		assert.Equal(t, c.want, l.Of(c.c, c.size), "%v(%d)", c.c, c.size)
 	}
+
+	// Access and unmap over a range cost per mapping in it.
+	v := New(Config{})
+	base, err := v.AddressReserve(8*simMiB, 0)
+	require.NoError(t, err)
+	for i := range 4 {
+		h, err := v.MemCreate(2 * simMiB)
+		require.NoError(t, err)
+		require.NoError(t, v.MemMap(base+uintptr(i)*2*simMiB, 2*simMiB, h))
+		require.NoError(t, v.MemRelease(h))
+	}
+	require.NoError(t, v.MemSetAccess(base, 8*simMiB))
+	require.NoError(t, v.MemUnmap(base, 8*simMiB))
+	vb := v.SimTimeByCall()
+	assert.Equal(t, oh+4*(25600*time.Nanosecond-oh), vb[device.CallMemSetAccess], "one call over four mappings")
+	assert.Equal(t, oh+4*(18200*time.Nanosecond-oh), vb[device.CallMemUnmap])
 
 	// The model is charged per call, failed calls paying the overhead only.
 	s := New(Config{})

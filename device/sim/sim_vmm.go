@@ -231,15 +231,19 @@ func (s *Device) wholeMappings(c device.Call, ptr uintptr, size uint64) (*simReg
 // NoVMM; a range that is not whole adjacent mappings is ErrInvalidValue.
 func (s *Device) MemUnmap(ptr uintptr, size uint64) error {
 	const c = device.CallMemUnmap
-	return s.do(c, func() (uint64, error) {
+	return s.doPer(c, func() ([]uint64, error) {
 		if err := s.vmm(c); err != nil {
-			return 0, err
+			return nil, err
 		}
 		r, i, j, err := s.wholeMappings(c, ptr, size)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		gone := slices.Clone(r.maps[i:j])
+		sizes := make([]uint64, len(gone))
+		for k, m := range gone {
+			sizes[k] = m.size
+		}
 		r.maps = slices.Delete(r.maps, i, j)
 		for _, m := range gone {
 			s.killPending(c, "unmapped", func(sp *simSpan) bool { return sp.m == m })
@@ -249,7 +253,7 @@ func (s *Device) MemUnmap(ptr uintptr, size uint64) error {
 				s.freeHandle(c, m.ph)
 			}
 		}
-		return size, nil
+		return sizes, nil
 	})
 }
 
@@ -259,17 +263,19 @@ func (s *Device) MemUnmap(ptr uintptr, size uint64) error {
 // range that is not whole adjacent mappings is ErrInvalidValue.
 func (s *Device) MemSetAccess(ptr uintptr, size uint64) error {
 	const c = device.CallMemSetAccess
-	return s.do(c, func() (uint64, error) {
+	return s.doPer(c, func() ([]uint64, error) {
 		if err := s.vmm(c); err != nil {
-			return 0, err
+			return nil, err
 		}
 		r, i, j, err := s.wholeMappings(c, ptr, size)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
+		var sizes []uint64
 		for _, m := range r.maps[i:j] {
 			m.access = true
+			sizes = append(sizes, m.size)
 		}
-		return size, nil
+		return sizes, nil
 	})
 }

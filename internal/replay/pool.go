@@ -7,6 +7,7 @@ import (
 
 // Pool adapts a pool to Allocator; trace streams map to device streams
 // through Streams (a nil map, or a missing entry, is the default stream).
+// Trace stream 0 is the default stream without a map lookup.
 type Pool struct {
 	P       *pool.Pool
 	Streams map[uint64]device.Stream
@@ -14,10 +15,16 @@ type Pool struct {
 
 // Alloc allocates on the stream mapped from the trace's.
 func (a Pool) Alloc(size, stream uint64) (uintptr, error) {
+	if stream == 0 {
+		return a.P.Alloc(size)
+	}
 	return a.P.AllocOn(size, a.Streams[stream])
 }
 
 // Free frees on the stream mapped from the trace's.
 func (a Pool) Free(ptr uintptr, stream uint64) error {
+	if stream == 0 {
+		return a.P.Free(ptr)
+	}
 	return a.P.FreeOn(ptr, a.Streams[stream])
 }

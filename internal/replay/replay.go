@@ -1,11 +1,25 @@
 // Package replay drives allocation traces through allocators and measures
-// the outcome: peak live bytes, failed allocations, time per operation,
-// and the smallest memory cap under which a trace replays without a
-// failure (found by bisection).
+// the outcome: peak live bytes, failed allocations, time per operation
+// (cold, and the median and minimum of several warm replays), and the
+// smallest memory cap under which a trace replays without a failure
+// (found by bisection).
 //
-// A trace's blocks are named by ID; the replayer maps IDs to the pointers
-// the allocator returned. An allocation that fails is recorded and its
-// later free is skipped, so a replay under a tight cap runs to the end.
+// # Compiled traces
+//
+// A trace names its blocks by ID. Before anything is timed, Compile turns
+// the IDs into dense slots (a slot is reused once its block is freed), so
+// the replay loop indexes a slice where a naive loop would look up a Go
+// map per operation: on the shared traces the map cost about 40% of the
+// pool's warm figure. The loop then makes one interface call per
+// operation and nothing else; a failed allocation is recorded and its
+// later free skipped, so a replay under a tight cap runs to the end.
+//
+// # Warm figures
+//
+// One timed replay is noise on a shared machine (runs differ 2×): Warm
+// replays a compiled trace n times on the same allocator (freeing what
+// each leaves live) and reports the median and the minimum ns per
+// operation. tlsf-stress and bench both take their figures from it.
 package replay
 
 import (
@@ -62,32 +76,128 @@ func (r Result) NsPerOp() float64 {
 	return float64(r.Elapsed.Nanoseconds()) / float64(r.Ops)
 }
 
+// Compiled is a trace with its block IDs turned into dense slots: the
+// form the replay loop runs. It is read-only once made and may be
+// replayed by several goroutines at once.
+type Compiled struct {
+	Name  string
+	Ops   []COp
+	Slots int // slots in use at most: the trace's peak of live blocks
+	// lastStream is, by slot, the stream of the last allocation into it:
+	// that of a block left live at the end.
+	lastStream []uint64
+}
+
+// COp is one compiled operation: an allocation of Size bytes on Stream
+// into Slot, or the free of the block in Slot (Size and Stream repeat the
+// allocation's).
+type COp struct {
+	Size   uint64
+	Stream uint64
+	Slot   int32
+	Free   bool
+}
+
+// Compile turns t's block IDs into dense slots. A free of an ID that is
+// not live (a trace that fails Check) is dropped.
+func Compile(t *trace.Trace) *Compiled {
+	c := &Compiled{Name: t.Name, Ops: make([]COp, 0, len(t.Ops))}
+	slot := make(map[uint64]int32, 1024)
+	var spare []int32
+	for _, op := range t.Ops {
+		if !op.Free {
+			var s int32
+			if k := len(spare); k > 0 {
+				s, spare = spare[k-1], spare[:k-1]
+			} else {
+				s = int32(c.Slots)
+				c.Slots++
+			}
+			slot[op.ID] = s
+			if int(s) == len(c.lastStream) {
+				c.lastStream = append(c.lastStream, 0)
+			}
+			c.lastStream[s] = op.Stream
+			c.Ops = append(c.Ops, COp{Size: op.Size, Stream: op.Stream, Slot: s})
+			continue
+		}
+		s, ok := slot[op.ID]
+		if !ok {
+			continue
+		}
+		delete(slot, op.ID)
+		spare = append(spare, s)
+		c.Ops = append(c.Ops, COp{Size: op.Size, Stream: op.Stream, Slot: s, Free: true})
+	}
+	return c
+}
+
 // Run replays t through a. A free that fails is an error (the trace or the
-// allocator is broken); allocation failures are counted.
+// allocator is broken); allocation failures are counted. The trace is
+// compiled first, outside the timed loop; callers that replay a trace
+// more than once compile it once and call Compiled.Run.
 func Run(t *trace.Trace, a Allocator) (Result, error) {
-	return RunSampled(t, a, 0, nil)
+	return Compile(t).Run(a)
+}
+
+// RunSampled is Run with sampling: see Compiled.RunSampled.
+func RunSampled(t *trace.Trace, a Allocator, every int, sample func(op int, live uint64) error) (Result, error) {
+	return Compile(t).RunSampled(a, every, sample)
+}
+
+// Run replays c through a: see the package comment.
+func (c *Compiled) Run(a Allocator) (Result, error) {
+	return c.RunSampled(a, 0, nil)
 }
 
 // RunSampled is Run that also calls sample before every every-th
 // operation and after the last (every 0: never), with the index of the
 // next operation and the live bytes at that point; an error from sample
 // ends the replay. Sampling time counts in Elapsed.
-func RunSampled(t *trace.Trace, a Allocator, every int, sample func(op int, live uint64) error) (Result, error) {
-	type block struct {
-		ptr    uintptr
-		stream uint64
-	}
-	live := make(map[uint64]block, 1024)
+func (c *Compiled) RunSampled(a Allocator, every int, sample func(op int, live uint64) error) (Result, error) {
+	ptrs := make([]uintptr, c.Slots)
+	live := make([]bool, c.Slots)
 	var res Result
 	var cur uint64
+	var err error
 	start := time.Now()
-	for i, op := range t.Ops {
-		if every > 0 && i%every == 0 {
-			if err := sample(i, cur); err != nil {
-				res.Elapsed = time.Since(start)
-				return res, err
+	if every <= 0 {
+		err = c.loop(a, ptrs, live, &res, &cur)
+	} else {
+		for i := 0; i < len(c.Ops) && err == nil; i += every {
+			if err = sample(i, cur); err != nil {
+				break
 			}
+			err = c.loopRange(a, i, min(i+every, len(c.Ops)), ptrs, live, &res, &cur)
 		}
+		if err == nil {
+			err = sample(len(c.Ops), cur)
+		}
+	}
+	res.Elapsed = time.Since(start)
+	if err != nil {
+		return res, err
+	}
+	for s, l := range live {
+		if l {
+			res.Left = append(res.Left, Left{Ptr: ptrs[s], Stream: c.lastStream[s]})
+		}
+	}
+	slices.SortFunc(res.Left, func(x, y Left) int { return cmp.Compare(x.Ptr, y.Ptr) })
+	return res, nil
+}
+
+// loop is the timed loop over every operation.
+func (c *Compiled) loop(a Allocator, ptrs []uintptr, live []bool, res *Result, cur *uint64) error {
+	return c.loopRange(a, 0, len(c.Ops), ptrs, live, res, cur)
+}
+
+// loopRange replays operations [from, to).
+func (c *Compiled) loopRange(a Allocator, from, to int, ptrs []uintptr, live []bool, res *Result, cur *uint64) error {
+	ops := c.Ops[from:to]
+	for i := range ops {
+		op := &ops[i]
+		s := op.Slot
 		if !op.Free {
 			ptr, err := a.Alloc(op.Size, op.Stream)
 			if err != nil {
@@ -97,34 +207,80 @@ func RunSampled(t *trace.Trace, a Allocator, every int, sample func(op int, live
 				res.Failed++
 				continue
 			}
-			live[op.ID] = block{ptr, op.Stream}
-			cur += op.Size
-			res.PeakLive = max(res.PeakLive, cur)
+			ptrs[s], live[s] = ptr, true
+			*cur += op.Size
+			res.PeakLive = max(res.PeakLive, *cur)
 			res.Ops++
 			continue
 		}
-		b, ok := live[op.ID]
-		if !ok {
+		if !live[s] {
 			continue // its allocation failed
 		}
-		delete(live, op.ID)
-		if err := a.Free(b.ptr, op.Stream); err != nil {
-			return res, fmt.Errorf("replay %s: op %d: free of block %d: %w", t.Name, i, op.ID, err)
+		live[s] = false
+		if err := a.Free(ptrs[s], op.Stream); err != nil {
+			return fmt.Errorf("replay %s: op %d: free of slot %d: %w", c.Name, from+i, s, err)
 		}
-		cur -= op.Size
+		*cur -= op.Size
 		res.Ops++
 	}
-	if every > 0 {
-		if err := sample(len(t.Ops), cur); err != nil {
-			return res, err
+	return nil
+}
+
+// WarmResult is the outcome of Warm: n replays on a warm allocator.
+type WarmResult struct {
+	// Runs holds each replay's ns per operation, in the order run.
+	Runs []float64
+	// MedianNsPerOp and MinNsPerOp are the median and the minimum of Runs.
+	MedianNsPerOp, MinNsPerOp float64
+	// Last is the last replay's result (its Left already freed).
+	Last Result
+	// Failed is the failed allocations over all replays.
+	Failed int
+}
+
+// MinWarmRuns is the fewest warm replays a figure should come from: the
+// median of 10 is stable to a few percent on a shared machine where single
+// runs differ 2×.
+const MinWarmRuns = 10
+
+// Warm replays c n times through a (at least once), freeing the blocks
+// each replay leaves live before the next, and reports the median and the
+// minimum of the replays' ns per operation. The caller warms a first
+// (one replay, its Left freed) if cold-start cost is not to count. If
+// before is not nil, it runs before each replay, untimed.
+func (c *Compiled) Warm(a Allocator, n int, before func()) (WarmResult, error) {
+	var w WarmResult
+	for i := 0; i < max(n, 1); i++ {
+		if before != nil {
+			before()
 		}
+		r, err := c.Run(a)
+		if err != nil {
+			return w, err
+		}
+		w.Failed += r.Failed
+		w.Runs = append(w.Runs, r.NsPerOp())
+		if err := r.FreeLeft(a); err != nil {
+			return w, err
+		}
+		w.Last = r
 	}
-	res.Elapsed = time.Since(start)
-	for _, b := range live {
-		res.Left = append(res.Left, Left{Ptr: b.ptr, Stream: b.stream})
+	w.MedianNsPerOp, w.MinNsPerOp = Median(w.Runs), slices.Min(w.Runs)
+	return w, nil
+}
+
+// Median returns the median of xs (the mean of the middle two for an even
+// count; 0 for none). xs is not modified.
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
 	}
-	slices.SortFunc(res.Left, func(x, y Left) int { return cmp.Compare(x.Ptr, y.Ptr) })
-	return res, nil
+	s := slices.Sorted(slices.Values(xs))
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // MinCap finds by bisection the smallest cap in bytes, a multiple of

@@ -1,0 +1,129 @@
+package replay
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/gpumem/tlsf/internal/trace"
+)
+
+// bump is an allocator that never reuses an address and fails requests
+// above limit bytes: enough to see what the replay loop does.
+type bump struct {
+	next  uintptr
+	limit uint64
+	live  map[uintptr]uint64
+	frees int
+}
+
+var errBig = errors.New("too big")
+
+func (b *bump) Alloc(size, stream uint64) (uintptr, error) {
+	if b.limit > 0 && size > b.limit {
+		return 0, errBig
+	}
+	b.next += 256
+	if b.live == nil {
+		b.live = map[uintptr]uint64{}
+	}
+	b.live[b.next] = stream
+	return b.next, nil
+}
+
+func (b *bump) Free(ptr uintptr, stream uint64) error {
+	s, ok := b.live[ptr]
+	if !ok || s != stream {
+		return errors.New("bad free")
+	}
+	delete(b.live, ptr)
+	b.frees++
+	return nil
+}
+
+func tiny() *trace.Trace {
+	return &trace.Trace{Name: "tiny", Ops: []trace.Op{
+		{ID: 7, Size: 100},
+		{ID: 9, Size: 5000, Stream: 3},
+		{ID: 7, Size: 100, Free: true},
+		{ID: 11, Size: 300},
+		{ID: 9, Size: 5000, Stream: 3, Free: true},
+		{ID: 12, Size: 200, Stream: 2},
+	}}
+}
+
+func TestCompileReusesSlots(t *testing.T) {
+	c := Compile(tiny())
+	if c.Slots != 2 {
+		t.Fatalf("slots = %d, want 2 (at most two blocks live at once)", c.Slots)
+	}
+	if c.Ops[3].Slot != c.Ops[0].Slot {
+		t.Errorf("block 11 got slot %d, want the freed slot %d", c.Ops[3].Slot, c.Ops[0].Slot)
+	}
+}
+
+func TestRunCountsAndLeavesLive(t *testing.T) {
+	b := &bump{}
+	r, err := Run(tiny(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Ops != 6 || r.Failed != 0 || r.PeakLive != 5300 {
+		t.Fatalf("ops %d failed %d peak %d, want 6 0 5300", r.Ops, r.Failed, r.PeakLive)
+	}
+	if len(r.Left) != 2 || r.Left[0].Stream != 0 || r.Left[1].Stream != 2 {
+		t.Fatalf("left %+v, want blocks 11 (stream 0) and 12 (stream 2)", r.Left)
+	}
+	if err := r.FreeLeft(b); err != nil || len(b.live) != 0 {
+		t.Fatalf("FreeLeft: %v, %d still live", err, len(b.live))
+	}
+}
+
+func TestRunSkipsFreeOfFailedAlloc(t *testing.T) {
+	b := &bump{limit: 1000}
+	r, err := Run(tiny(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Failed != 1 || !errors.Is(r.FirstErr, errBig) || r.Ops != 4 {
+		t.Fatalf("failed %d (%v), ops %d; want 1 failure and 4 ops", r.Failed, r.FirstErr, r.Ops)
+	}
+}
+
+func TestRunSampledSamplesEveryK(t *testing.T) {
+	var at []int
+	_, err := RunSampled(tiny(), &bump{}, 4, func(op int, live uint64) error {
+		at = append(at, op)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(at) != 3 || at[0] != 0 || at[1] != 4 || at[2] != 6 {
+		t.Fatalf("samples at %v, want [0 4 6]", at)
+	}
+}
+
+func TestWarmMedianAndMin(t *testing.T) {
+	b := &bump{}
+	w, err := Compile(tiny()).Warm(b, MinWarmRuns, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Runs) != MinWarmRuns || w.MinNsPerOp > w.MedianNsPerOp || len(b.live) != 0 {
+		t.Fatalf("runs %d min %v median %v live %d", len(w.Runs), w.MinNsPerOp, w.MedianNsPerOp, len(b.live))
+	}
+	if b.frees != 4*MinWarmRuns {
+		t.Fatalf("%d frees, want %d", b.frees, 4*MinWarmRuns)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		if got := Median(c.in); got != c.want {
+			t.Errorf("Median(%v) = %v, want %v", c.in, got, c.want)
+		}
+	}
+}

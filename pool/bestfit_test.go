@@ -1,0 +1,61 @@
+package pool
+
+// Options.BestFit: requests rounded to 256 bytes, best fit in the own
+// list; the caches keep their size classes.
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/gpumem/tlsf/device/sim"
+	"github.com/stretchr/testify/require"
+)
+
+func TestBestFitBlocksAreRoundedTo256Bytes(t *testing.T) {
+	for _, be := range pooledBackends {
+		for _, cm := range cacheModes {
+			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
+				d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
+				p := openPool(t, d, Options{Backend: be, BestFit: true, Cache: CacheOptions{Disable: cm.off}})
+				size := 5*miB + 1000 // a size class would round it to 5 MiB + 64 KiB
+				ptr, err := p.Alloc(size)
+				require.NoError(t, err)
+				require.Equal(t, roundUp(size, 256), p.Stats().Allocated)
+				require.NoError(t, p.Free(ptr))
+
+				// Churn of mixed sizes: every invariant holds at each step.
+				r := rand.New(rand.NewPCG(1, 2))
+				live := map[uintptr]uint64{}
+				var want uint64
+				for i := range 2000 {
+					if len(live) > 0 && r.IntN(2) == 0 {
+						for ptr, n := range live {
+							require.NoError(t, p.Free(ptr))
+							delete(live, ptr)
+							want -= n
+							break
+						}
+					} else {
+						n := uint64(r.IntN(8<<20)) + 1
+						ptr, err := p.Alloc(n)
+						require.NoError(t, err)
+						rn := roundUp(n, 256)
+						if !cm.off && n <= p.opts.Cache.MaxSize {
+							rn = sizeClass(n)
+						}
+						live[ptr] = rn
+						want += rn
+					}
+					if i%100 == 0 {
+						checkStep(t, p, d)
+					}
+				}
+				require.Equal(t, want, p.Stats().Allocated)
+				for ptr := range live {
+					require.NoError(t, p.Free(ptr))
+				}
+				checkStep(t, p, d)
+			})
+		}
+	}
+}

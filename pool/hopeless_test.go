@@ -1,0 +1,103 @@
+package pool
+
+// Requests that can never succeed fail at once and release nothing;
+// LargestFree is a size Alloc accepts; a cap below the granularity is
+// refused at New.
+
+import (
+	"testing"
+
+	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/sim"
+	"github.com/stretchr/testify/require"
+)
+
+func TestHopelessRequestsFailAtOnceAndReleaseNothing(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		opts      Options
+		size      uint64
+		deviceOOM bool
+	}{
+		{"above MaxBytes", Options{MaxBytes: 256 * miB}, 512 * miB, false},
+		{"above MaxFraction of the total", Options{MaxFraction: 0.25}, 512 * miB, false},
+		{"above the device's total", Options{VirtualSize: 4 * giB}, 1536 * miB, true},
+	} {
+		for _, be := range pooledBackends {
+			t.Run(c.name+"/"+be.String(), func(t *testing.T) {
+				d := onSim(sim.New(sim.Config{Capacity: giB}))
+				o := c.opts
+				o.Backend = be
+				p := openPool(t, d, o)
+				// Memory held and cached: the out-of-memory path would
+				// return it.
+				var ptrs []uintptr
+				for range 16 {
+					ptr, err := p.Alloc(4 * miB)
+					require.NoError(t, err)
+					ptrs = append(ptrs, ptr)
+				}
+				small, err := p.Alloc(64 * kiB)
+				require.NoError(t, err)
+				require.NoError(t, p.Free(small))
+				for _, ptr := range ptrs[1:] {
+					require.NoError(t, p.Free(ptr))
+				}
+				before := p.Stats()
+				require.Positive(t, before.Cached)
+
+				_, err = p.Alloc(c.size)
+				require.ErrorIs(t, err, ErrOutOfMemory)
+				if c.deviceOOM {
+					require.ErrorIs(t, err, device.ErrOutOfMemory)
+				}
+				require.Contains(t, err.Error(), "nothing released")
+				after := p.Stats()
+				require.Equal(t, before.OutOfMemory+1, after.OutOfMemory)
+				require.Equal(t, before.Retries, after.Retries, "no out-of-memory path")
+				require.Equal(t, before.Reserved, after.Reserved, "nothing released")
+				require.Equal(t, before.Cached, after.Cached, "caches kept")
+				require.Equal(t, before.DeviceCalls.Total(), after.DeviceCalls.Total()-countInfo(after.DeviceCalls, before.DeviceCalls), "no driver call but queries")
+				checkStep(t, p, d)
+				require.NoError(t, p.Free(ptrs[0]))
+			})
+		}
+	}
+}
+
+// countInfo is the cuMemGetInfo calls between two snapshots (the error
+// message reports the device's free memory).
+func countInfo(after, before device.Counts) uint64 {
+	return after.Map()["cuMemGetInfo"] - before.Map()["cuMemGetInfo"]
+}
+
+func TestLargestFreeIsAccepted(t *testing.T) {
+	for _, be := range pooledBackends {
+		t.Run(be.String(), func(t *testing.T) {
+			d := onSim(sim.New(sim.Config{Capacity: giB}))
+			p := openPool(t, d, Options{Backend: be, MaxBytes: 64 * miB, InitialFraction: 48.0 / 1024})
+			a, err := p.Alloc(5*miB + 3*kiB)
+			require.NoError(t, err)
+			b, err := p.Alloc(7 * miB)
+			require.NoError(t, err)
+			require.NoError(t, p.Free(a))
+			s := p.Stats()
+			require.Positive(t, s.LargestFree)
+			grows := s.Grows
+			c, err := p.Alloc(s.LargestFree)
+			require.NoError(t, err, "LargestFree %d", s.LargestFree)
+			require.Equal(t, grows, p.Stats().Grows, "served without growing")
+			checkStep(t, p, d)
+			require.NoError(t, p.Free(b))
+			require.NoError(t, p.Free(c))
+		})
+	}
+}
+
+func TestACapBelowTheGranularityIsRefused(t *testing.T) {
+	for _, be := range pooledBackends {
+		_, err := New(sim.New(sim.Config{Capacity: giB}), Options{Backend: be, MaxBytes: miB})
+		require.ErrorIs(t, err, ErrBadOptions, be.String())
+		require.Contains(t, err.Error(), "granularity")
+	}
+}
