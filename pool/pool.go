@@ -456,7 +456,7 @@ func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
 		}
 		return b, err
 	}
-	if !p.mayRecycle(size) {
+	if !p.mayRecycle(size, 0) { // moving what the request needs, then growing: bounded by the cap alone
 		return p.outOfMemory(size, align, err)
 	}
 	if _, rerr := p.releaseFor(size, align); rerr != nil {

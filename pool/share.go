@@ -18,7 +18,8 @@ package pool
 //  2. searches the index again (searchRecycling), weighing up to 32 free
 //     blocks for the one lying on the fewest released pages
 //     (placeMapped); where that block lies partly on released pages, and
-//     the memory in use plus the request fits under the cap (mayRecycle), it
+//     moving pages is worth it (mayRecycle: below 90% of the cap, or a
+//     few pages near it), it
 //     moves exactly the pages the block lacks from under other free
 //     blocks (the smallest first, recycle) to the spares, unmapped but
 //     kept (cuMemUnmap), and maps them under the block (cuMemMap,
@@ -133,7 +134,7 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 	if need > 0 {
 		b, need = p.placeMapped(h, b, need, alloc)
 	}
-	if short := need - min(need, h.spare()); short > 0 && p.mayRecycle(b.Size) {
+	if short := need - min(need, h.spare()); short > 0 && p.mayRecycle(b.Size, short) {
 		rerr := p.ss.syncDirty()
 		if rerr == nil {
 			var n uint64
@@ -201,17 +202,33 @@ func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
 	return moved, nil
 }
 
-// mayRecycle reports whether a request of size bytes may move pages: the
-// pool has no cap, or the memory in use plus size fits under it. Beyond
-// that no moving of pages can serve it, so it fails at once.
-//
-// An earlier rule stopped moving pages once the memory in use passed 90%
-// of the cap, which saves driver calls when processes oversubscribe the
-// GPU (4 instead of 10 calls per operation in tlsf-stress multi, K = 2 on
-// the simulated H200), but makes a single job fail at 90% of its cap:
-// the smallest feasible cap rose from 1.009 to 1.117 × peak live on the
-// lstm trace. The memo (oomMemo) bounds the repeated work instead.
-func (p *Pool) mayRecycle(size uint64) bool {
+// recycleLiveFraction and recycleNearCap bound the pages
+// searchRecycling moves from under other free blocks to fill the holes of
+// the block it found. Below recycleLiveFraction of the cap (memory in
+// use, the request included) it moves what the block lacks. Above it, the
+// free memory left is at most a tenth of the cap, scattered between live
+// blocks, and gathering it costs a cuMemUnmap, a cuMemMap and a
+// cuMemSetAccess per 2 MiB page that the next request may undo: there it
+// moves at most recycleNearCap bytes and otherwise leaves the request to
+// releaseFor and growth, which allocMiss lets move what the request needs
+// as long as it fits under the cap. That second step is what keeps the
+// smallest feasible cap at 1.004–1.009 × peak live on the shared traces;
+// bounding it too (by 64 or 512 MiB, or refusing every move above 90%)
+// raised it to 1.09–1.12 on lstm and tdnn. The price is paid by jobs that
+// oversubscribe their cap: tlsf-stress multi (K = 2 on the simulated
+// H200) makes 16 driver calls per operation with this rule, 4 when every
+// move above 90% is refused, 30 before this file existed.
+const (
+	recycleLiveFraction = 0.9
+	recycleNearCap      = 64 << 20
+)
+
+// mayRecycle reports whether the out-of-memory path may move short bytes
+// of pages for a request of size bytes: the pool has no cap, or the
+// memory in use plus size fits under it and either stays within
+// recycleLiveFraction of it or short is at most recycleNearCap (0: no
+// bound but the cap).
+func (p *Pool) mayRecycle(size, short uint64) bool {
 	capped, limit, _ := p.cap()
 	if !capped {
 		return true
@@ -220,7 +237,10 @@ func (p *Pool) mayRecycle(size uint64) bool {
 	if p.cache != nil {
 		used += p.cache.sysBytes
 	}
-	return used+size <= limit
+	if used+size > limit {
+		return false
+	}
+	return float64(used+size) <= recycleLiveFraction*float64(limit) || short <= recycleNearCap
 }
 
 // placeCandidates is how many free blocks the out-of-memory path weighs
