@@ -9,7 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"tests bench replay run multi"}
+STAGES=${STAGES:-"tests bench replay run multi sanitize capi peers e2e"}
 RUN_OPS=${RUN_OPS:-10000000}
 export TLSF_REQUIRE_GPU=1
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
@@ -50,10 +50,36 @@ for stage in $STAGES; do
 		tail -c 2000 "$OUT/run.json" | tee -a "$OUT/summary.txt"
 		;;
 	multi)
-		log "multi: 2 processes, half the GPU each, oversubscribed"
-		./bin/tlsf-stress multi --procs 2 >"$OUT/multi.txt" 2>&1
-		echo "multi exit $?" | tee -a "$OUT/summary.txt"
-		tail -20 "$OUT/multi.txt" | tee -a "$OUT/summary.txt"
+		for k in 2 3 4; do
+			log "multi: $k processes, 1/$k of the GPU each, oversubscribed"
+			./bin/tlsf-stress multi --device cuda --procs $k --ops 20000 --duration 15s >"$OUT/multi$k.txt" 2>&1
+			echo "multi $k exit $?" | tee -a "$OUT/summary.txt"
+			grep -E "fairness|^ +[0-9]" "$OUT/multi$k.txt" | tee -a "$OUT/summary.txt"
+		done
+		;;
+	sanitize)
+		log "compute-sanitizer: planted stores past the end and after free (chunks), a leak, guard mode"
+		for c in inside past-end after-free; do
+			compute-sanitizer --tool memcheck ./bin/tlsf-stress sanitize --device cuda --backend tlsf-chunks --case $c 2>&1 |
+				grep -E "Invalid|out of bounds|nearest|ERROR SUMMARY|Warning" | sed "s/^/$c: /" | tee -a "$OUT/summary.txt"
+		done
+		compute-sanitizer --tool memcheck --leak-check full ./bin/tlsf-stress sanitize --device cuda --case leak 2>&1 |
+			grep -E "LEAK SUMMARY" | tee -a "$OUT/summary.txt"
+		./bin/tlsf-stress sanitize --device cuda --case guard 2>&1 | tail -1 | tee -a "$OUT/summary.txt"
+		;;
+	capi)
+		log "C ABI: the C example (malloc+free pair timing)"
+		./bin/tlsf-example 2>&1 | tail -4 | tee -a "$OUT/summary.txt"
+		;;
+	peers)
+		log "every allocator side by side (bench/peers/run.sh)"
+		OUT="$OUT/peers" bench/peers/run.sh >"$OUT/peers.log" 2>&1
+		echo "peers exit $?" | tee -a "$OUT/summary.txt"
+		;;
+	e2e)
+		log "end-to-end training (bench/e2e/train.py)"
+		python3 bench/e2e/train.py --lib bin/libtlsf.so --out "$OUT/e2e" >"$OUT/e2e.log" 2>&1
+		echo "e2e exit $?" | tee -a "$OUT/summary.txt"
 		;;
 	esac
 done
