@@ -46,13 +46,16 @@ func (c *counted) MemFree(ptr uintptr) error {
 		return c.Device.MemFree(ptr)
 	}
 	// The checker forgets the heap before the driver frees its memory
-	// (afterwards it refuses the unregistration).
-	size := c.heaps.unmapped(ptr)
-	err := c.Device.MemFree(ptr)
-	if err != nil && size > 0 {
-		c.heaps.mapped(ptr, size) // still ours
-	}
-	return err
+	// (afterwards it refuses the unregistration). If the free fails, the
+	// heap is not registered again: a failing cuMemFree almost always
+	// means the context is gone (a device fault, sticky; compute-sanitizer
+	// destroys the context on a reported access by default), and the
+	// checker refuses a heap there ("Call to nvtxMemHeapRegister failed:
+	// One or more of the parameters is invalid"). A chunk the pool keeps
+	// after a failed free is unwatched: the checker sees it as the
+	// driver's allocation, whole.
+	c.heaps.unmapped(ptr)
+	return c.Device.MemFree(ptr)
 }
 
 func (c *counted) MemAllocPitch(w, h uint64, elem uint32) (uintptr, uint64, error) {
@@ -74,12 +77,8 @@ func (c *counted) AddressFree(ptr uintptr, size uint64) error {
 	if c.heaps == nil {
 		return c.Device.AddressFree(ptr, size)
 	}
-	had := c.heaps.unmapped(ptr)
-	err := c.Device.AddressFree(ptr, size)
-	if err != nil && had > 0 {
-		c.heaps.mapped(ptr, had)
-	}
-	return err
+	c.heaps.unmapped(ptr) // not registered again on failure: see MemFree
+	return c.Device.AddressFree(ptr, size)
 }
 
 func (c *counted) MemCreate(size uint64) (device.MemHandle, error) {

@@ -171,3 +171,27 @@ func TestCheckerNotUsedByPassthroughOrVMM(t *testing.T) {
 		})
 	}
 }
+
+// A chunk whose cuMemFree fails (under compute-sanitizer: the context
+// was destroyed by a reported store) is not registered again: the tool
+// refuses a heap in a dead context, and counts the warning as an error.
+func TestCheckerNoHeapAfterFailedFree(t *testing.T) {
+	chk := withChecker(t)
+	sd := sim.New(sim.Config{Capacity: giB})
+	p, err := New(onSim(sd), Options{Backend: BackendChunks})
+	require.NoError(t, err)
+	ptr, err := p.Alloc(1000)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(ptr))
+	sd.FailNth(device.CallMemFree, 1, device.ErrIllegalAddress)
+	require.Error(t, p.Close())
+	require.Equal(t, []string{
+		fmt.Sprintf("heap+ %#x %d", ptr, chunkGranularity),
+		fmt.Sprintf("region+ %#x 1000", ptr),
+		fmt.Sprintf("region- %#x", ptr),
+		fmt.Sprintf("heap- %#x", ptr),
+	}, chk.calls, "no heap+ after the failed free")
+	heaps, regions := chk.live()
+	require.Zero(t, heaps)
+	require.Zero(t, regions)
+}
