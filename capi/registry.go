@@ -108,7 +108,8 @@ func (r *registry) get(dev int) (*pool.Pool, error) {
 		if dev >= simDevices {
 			return nil, fmt.Errorf("%w %d: device:sim has ordinals 0 to %d", errBadDevice, dev, simDevices-1)
 		}
-		p, err = pool.New(sim.New(sim.Config{Capacity: c.SimCapacity, Ordinal: dev}), c.Options)
+		// Guard mode reads memory back: the simulator must keep contents.
+		p, err = pool.New(sim.New(sim.Config{Capacity: c.SimCapacity, Ordinal: dev, Shadow: c.Options.Guard > 0}), c.Options)
 	default:
 		p, err = pool.NewCUDA(dev, c.Options)
 	}

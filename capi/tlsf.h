@@ -148,6 +148,8 @@ void tlsf_record_stream(void* ptr, void* stream);
  * sim_capacity (bytes, device:sim only), initial_fraction, grow_fraction,
  * max_fraction, release_fraction, free_floor_fraction (fractions in
  * [0, 1]), max_bytes (bytes), caches (true|false), passthrough
+ * (true|false), guard (bytes of red zone after every block, checked on
+ * free), history (events kept for snapshots), history_stacks
  * (true|false). Bytes: an integer, or a number and a unit KiB, MiB, GiB,
  * TiB (powers of 1024), KB, MB, GB, TB (powers of 1000) or B.
  * Returns 0 on success; -1 on failure (conf NULL or malformed: an unknown

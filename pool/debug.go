@@ -65,6 +65,11 @@ func (p *Pool) initDebug() error {
 			return fmt.Errorf("%w: Guard needs a device with byte fills (device.ByteSetter); %s has none", ErrBadOptions, p.dev.Name())
 		}
 		d.fill = bs
+		// A simulated device without shadow memory reads every byte back
+		// as the same word: the red zones would all look overwritten.
+		if kc, ok := p.dev.Device.(interface{ KeepsContents() bool }); ok && !kc.KeepsContents() {
+			return fmt.Errorf("%w: Guard needs a device that keeps memory contents; %s does not (sim.Config.Shadow)", ErrBadOptions, p.dev.Name())
+		}
 	}
 	// The driver shows each allocation of a passthrough pool to the
 	// checker itself.

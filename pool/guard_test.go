@@ -165,6 +165,10 @@ func TestGuardOptions(t *testing.T) {
 	require.ErrorIs(t, err, ErrBadOptions)
 	_, err = New(noByteFills{sim.New(sim.Config{})}, Options{Guard: 8})
 	require.ErrorIs(t, err, ErrBadOptions)
+	// Without shadow memory every red zone would read as overwritten.
+	_, err = New(sim.New(sim.Config{}), Options{Guard: 8})
+	require.ErrorIs(t, err, ErrBadOptions)
+	require.Contains(t, err.Error(), "Shadow")
 	p, err := New(sim.New(sim.Config{}), Options{})
 	require.NoError(t, err)
 	require.Nil(t, p.dbg, "no guard, no checker: no debug layer")

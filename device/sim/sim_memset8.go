@@ -94,3 +94,8 @@ var _ device.ByteStorer = (*Device)(nil)
 func (s *Device) StoreByte(ptr uintptr, value byte, h device.Stream) error {
 	return s.MemsetD8Async(ptr, value, 1, h)
 }
+
+// KeepsContents reports whether the device keeps what is written to its
+// memory (Config.Shadow): without it every byte reads back as
+// Uninitialized. The pool's guard mode needs it.
+func (s *Device) KeepsContents() bool { return s.cfg.Shadow }
