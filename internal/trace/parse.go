@@ -89,18 +89,25 @@ func Parse(name string, r io.Reader) (*Trace, error) {
 	if first[0] == pickleProto {
 		return parsePickle(name, head)
 	}
-	if b, ok := binaryStart(head); ok {
-		return nil, atByte(name, 0, "not a trace this package reads (text, PyTorch snapshot pickle, or RMM CSV, each plain or gzip): binary data (begins % x)", b)
-	}
+	// Binary data is named as such when the parsers refuse it, rather
+	// than as a bad CSV header or text line; input they accept (text
+	// comments may hold any bytes) is a trace whatever its bytes.
+	binary, isBinary := binaryStart(head)
 	in := &limitReader{r: head, left: MaxInputBytes, name: name}
+	var t *Trace
 	if isCSV(head) {
-		return parseCSV(name, in)
+		t, err = parseCSV(name, in)
+	} else {
+		t, err = parseText(name, in)
 	}
-	return parseText(name, in)
+	if err != nil && isBinary {
+		return nil, atByte(name, 0, "not a trace this package reads (text, PyTorch snapshot pickle, or RMM CSV, each plain or gzip): binary data (begins % x)", binary)
+	}
+	return t, err
 }
 
-// binaryStart reports whether the input begins with binary data rather
-// than text: a NUL or another control character other than tab, CR, LF
+// binaryStart reports whether the input begins with what looks like
+// binary data rather than text: a NUL or another control character other than tab, CR, LF
 // and form feed, or bytes that are not UTF-8, in its first 512 bytes. It
 // returns the first 8 bytes to show.
 func binaryStart(r *bufio.Reader) ([]byte, bool) {
