@@ -29,6 +29,12 @@ import (
 	"github.com/gpumem/tlsf/device"
 )
 
+// MaxHistory is the most events Options.History may keep: 2^24 events,
+// about 1.3 GiB at 80 bytes each, already more than a debugging session
+// reads; the bound keeps a configuration string from asking for more
+// memory than the host has (a fatal error, not an error value).
+const MaxHistory = 1 << 24
+
 // maxHistoryDepth bounds the frames recorded per allocation: PyTorch's
 // viewer shows the innermost few dozen, and deeper stacks only cost.
 const maxHistoryDepth = 32

@@ -22,11 +22,10 @@ func (p *Pool) SetMaxBytes(n uint64) error {
 }
 
 // Cap returns the cap on reserved memory in bytes now, 0 when there is
-// none: the smaller of MaxBytes and MaxFraction × (free + reserved), free
-// from cuMemGetInfo_v2 at the call (made only when MaxFraction is below 1,
-// so that a cap in bytes can be read even when the driver no longer
-// answers). Safe for concurrent use. Errors: ErrClosed, device errors from
-// cuMemGetInfo_v2.
+// none: the smaller of MaxBytes and MaxFraction × the device's total
+// memory as cuMemGetInfo reported it at New (share.go). It makes no
+// driver call, so it answers even when the driver no longer does. Safe
+// for concurrent use. Errors: ErrClosed.
 func (p *Pool) Cap() (uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -14,8 +14,8 @@ import (
 
 // retryAfterHook runs Options.OnOutOfMemory without the pool's lock, then
 // the out-of-memory path once more: flush the caches (the hook's frees
-// may have landed there), wait for pending frees, release unused memory,
-// search and grow. It reports done when that settled the request, with
+// may have landed there), wait for pending frees, search (moving pages a
+// block lacks), move what the request needs, search and grow. It reports done when that settled the request, with
 // its block or a final error other than out-of-memory. Pool lock held on
 // entry and on return, even if the hook panics.
 func (p *Pool) retryAfterHook(size, align uint64) (b tlsf.Block, err error, done bool) {
@@ -154,7 +154,8 @@ func (h *vmmHeap) largestAllocatable(k uint64) uint64 {
 // Size returns the usable size in bytes of the live allocation at ptr:
 // its block's size-class size (at least what was requested; pitch ×
 // height for AllocPitch), or, in a passthrough pool, what the driver
-// allocated. Safe for concurrent use; it takes the pool's lock.
+// allocated; in guard mode (Options.Guard), the size requested, since the
+// red zone follows it. Safe for concurrent use; it takes the pool's lock.
 //
 // Errors: ErrUnknownPointer (not a pointer the pool returned, or inside
 // an allocation), ErrDoubleFree (freed already), ErrClosed.
@@ -175,6 +176,15 @@ func (p *Pool) Size(ptr uintptr) (uint64, error) {
 	}
 	if ptr%indexGranularity != 0 {
 		return 0, fmt.Errorf("%w: %#x is not %d-byte aligned", ErrUnknownPointer, ptr, indexGranularity)
+	}
+	if d := p.dbg; d != nil && d.guard > 0 {
+		// The caller's bytes end where the red zone starts.
+		d.mu.Lock()
+		db, ok := d.live[ptr]
+		d.mu.Unlock()
+		if ok && !db.pitch {
+			return db.size, nil
+		}
 	}
 	b, err := p.x.Lookup(uint64(ptr))
 	if err != nil {

@@ -174,15 +174,17 @@ type Options struct {
 	// frames.
 	HistoryStacks bool
 	// OnOutOfMemory, when set, is called with the request in bytes before
-	// an allocation fails with ErrOutOfMemory, after the pool has flushed
-	// its caches, waited for pending frees and released unused memory.
-	// The pool's lock is not held: the hook may free memory (run the Go
-	// GC and finalizers that free device memory, drop caches of its own)
-	// and may call the pool. The pool then retries once (flush, release,
-	// search, grow) and fails only if that fails too. It may be called
-	// from several goroutines at once. It is not called for a request that
-	// can never succeed (its block above the cap or the device's total
-	// memory), which fails at once.
+	// an allocation fails with ErrOutOfMemory: after the pool has flushed
+	// its caches, waited for pending frees and moved what the request
+	// needs, or at once when the same request failed just before with no
+	// free since (share.go). The pool's lock is not held: the hook may
+	// free memory (run the Go GC and finalizers that free device memory,
+	// drop caches of its own) and may call the pool. The pool then retries
+	// once (flush, wait, move, search, grow) and fails only if that fails
+	// too. It may be called from several goroutines at once. It is not
+	// called for a request that can never succeed (its block above the
+	// cap or the device's total memory), which fails at once, nor by a
+	// passthrough pool's AllocPitch.
 	OnOutOfMemory func(request uint64)
 	// Logger, when set, receives events as they happen: growth and
 	// release of device memory (Debug), Trim (Info), out of memory (Warn),
@@ -271,8 +273,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Guard > MaxGuard {
 		return o, fmt.Errorf("%w: Guard %d above %d bytes", ErrBadOptions, o.Guard, MaxGuard)
 	}
-	if o.History < 0 {
-		return o, fmt.Errorf("%w: History %d, want 0 (off) or more events", ErrBadOptions, o.History)
+	if o.History < 0 || o.History > MaxHistory {
+		return o, fmt.Errorf("%w: History %d, want 0 (off) to %d events", ErrBadOptions, o.History, MaxHistory)
 	}
 	if o.Cache.MaxSize == 0 {
 		o.Cache.MaxSize = defaultCacheMaxSize

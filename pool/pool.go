@@ -245,15 +245,11 @@ func (p *Pool) allocOn(size uint64, s device.Stream) (uintptr, error) {
 // index), apart so that the fast path stays small.
 func (p *Pool) lockedAlloc(size uint64, s device.Stream, cached bool) (uintptr, error) {
 	p.mu.Lock()
-	var ptr uintptr
-	var err error
+	defer p.mu.Unlock() // the OnOutOfMemory hook, run from here, may panic
 	if cached {
-		ptr, err = p.cache.refillLocked(size)
-	} else {
-		ptr, err = p.allocLocked(size, 0, s)
+		return p.cache.refillLocked(size)
 	}
-	p.mu.Unlock()
-	return ptr, err
+	return p.allocLocked(size, 0, s)
 }
 
 // allocLocked allocates size bytes aligned to align (0: the index's

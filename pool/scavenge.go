@@ -27,7 +27,7 @@ package pool
 // # Cost
 //
 // Above the floor: one cuMemGetInfo per wake, about 2.5 µs on an H200,
-// 0.025% of one CPU, and no lock. Below it: the pool's lock for one step,
+// 0.025% of one CPU, under the pool's lock (held for that call alone). Below it: the pool's lock for one step,
 // a walk of the index (about 10 ns per block) plus the driver's time for
 // what it returns: 32 one-page handles at most (about 30 µs each to unmap
 // and release on an H200, 1 ms in all, a tenth of the period), or one or

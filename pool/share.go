@@ -181,8 +181,17 @@ func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
 		}
 		first := (b.Addr - h.base + h.gran - 1) / h.gran
 		end := (b.Addr + b.Size - h.base) / h.gran
+		// Only one-page mappings move: a larger physical allocation
+		// (vmm.go maps growths whole) cannot be unmapped in part.
 		for _, r := range runs(h.mapped, first, end, true) {
-			free = append(free, run{r[0], r[1], b.Size})
+			for pg := r[0]; pg < r[0]+r[1]; {
+				s := uint64(h.start[pg])
+				k := h.mappingLen(s)
+				if s >= first && s+k <= end && k == 1 {
+					free = append(free, run{s, 1, b.Size})
+				}
+				pg = s + k
+			}
 		}
 		return true
 	})

@@ -118,6 +118,9 @@ func (p *Pool) Snapshot() (*Snapshot, error) {
 		return nil, ErrClosed
 	}
 	s := &Snapshot{Device: p.dev.Ordinal(), Backend: p.backend, Stats: p.statsLocked()}
+	if p.dbg != nil {
+		p.dbg.adjustStats(&s.Stats) // red zones excluded, as in Stats
+	}
 	if p.hist != nil {
 		s.History = p.hist.events()
 	}

@@ -248,4 +248,9 @@ func (p *Pool) ResetPeaks() {
 	p.c.allocatedPeak, p.c.activePeak, p.c.allocationsPeak, p.c.reservedPeak = 0, 0, 0, 0
 	p.notePeaks()
 	p.noteReserved()
+	if d := p.dbg; d != nil {
+		d.mu.Lock()
+		d.userPeak = d.user
+		d.mu.Unlock()
+	}
 }

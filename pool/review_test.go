@@ -1,0 +1,87 @@
+package pool
+
+// Regressions found by review after the merge of the issue branches.
+
+import (
+	"testing"
+
+	"github.com/gpumem/tlsf/device/sim"
+	"github.com/stretchr/testify/require"
+)
+
+// The out-of-memory path moves only whole one-page mappings: a growth
+// mapped as one large physical allocation cannot be unmapped in part.
+func TestRecycleLeavesLargeHandlesWhole(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: 64 * miB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	a, err := p.Alloc(16 * miB)
+	require.NoError(t, err)
+	b, err := p.Alloc(16 * miB)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(b))
+	c, err := p.Alloc(4 * miB) // live at the start of b's handle
+	require.NoError(t, err)
+	require.NoError(t, p.Free(a))
+	_, err = p.Trim()
+	require.NoError(t, err)
+	// Another process takes what the device has left.
+	var hog []uintptr
+	for {
+		q, err := sd.NewProcess().MemAlloc(2 * miB)
+		if err != nil {
+			break
+		}
+		hog = append(hog, q)
+	}
+	_, err = p.Alloc(14 * miB)
+	if err != nil {
+		require.ErrorIs(t, err, ErrOutOfMemory, "a clean out-of-memory error, not a driver error")
+	}
+	checkStep(t, p, d)
+	require.NoError(t, p.Free(c))
+}
+
+// A hook that panics leaves the pool usable once the caller recovers.
+func TestOnOutOfMemoryPanicDoesNotWedgeThePool(t *testing.T) {
+	d := onSim(sim.New(sim.Config{Capacity: giB}))
+	p := openPool(t, d, Options{MaxBytes: 64 * miB, OnOutOfMemory: func(uint64) { panic("hook") }})
+	held, err := p.Alloc(48 * miB)
+	require.NoError(t, err)
+	require.Panics(t, func() { _, _ = p.Alloc(32 * miB) })
+	done := make(chan struct{})
+	go func() { _ = p.Stats(); close(done) }()
+	<-done // would block forever with the lock still held
+	require.NoError(t, p.Free(held))
+	checkStep(t, p, d)
+}
+
+func TestHistoryIsBounded(t *testing.T) {
+	_, err := New(sim.New(sim.Config{}), Options{History: MaxHistory + 1})
+	require.ErrorIs(t, err, ErrBadOptions)
+	_, err = ParseConf("device:sim,history:2147483647")
+	require.ErrorIs(t, err, ErrBadOptions)
+}
+
+// In guard mode the red zone is not the caller's: Size, ResetPeaks and
+// Snapshot leave it out as Stats does.
+func TestGuardIsNotTheCallers(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+	p := openPool(t, onSim(sd), Options{Guard: 64, Cache: CacheOptions{Disable: true}})
+	big, err := p.Alloc(10 * miB)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(big))
+	p.ResetPeaks()
+	q, err := p.Alloc(1000)
+	require.NoError(t, err)
+	s := p.Stats()
+	require.Equal(t, p.sizeClass(1000), s.AllocatedPeak, "the peak after ResetPeaks excludes red zones")
+	snap, err := p.Snapshot()
+	require.NoError(t, err)
+	require.Equal(t, s.Allocated, snap.Stats.Allocated)
+	n, err := p.Size(q)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1000), n)
+	require.NoError(t, sd.MemsetD8Async(q, 0x11, n, 0)) // writing Size() bytes is no overrun
+	require.NoError(t, p.Free(q))
+}
