@@ -441,9 +441,21 @@ func (c *cacheSet) reclaimOthers() bool {
 	}
 	self := procPin()
 	procUnpin()
+	out := c.takeAll(self)
+	for _, a := range out {
+		_ = c.giveBack(a, true)
+	}
+	return len(out) > 0
+}
+
+// takeAll empties the stacks of every P's cache but skip's (-1: none)
+// and the central lists, and returns the addresses of the blocks they
+// held, still counted cached (sysBytes, sysBlocks) for giveBack to
+// settle. Pool lock held.
+func (c *cacheSet) takeAll(skip int) []uint64 {
 	var out []uint64
 	for i := range c.ps {
-		if i == self {
+		if i == skip {
 			continue
 		}
 		pc := &c.ps[i]
@@ -462,10 +474,7 @@ func (c *cacheSet) reclaimOthers() bool {
 		c.central[class] = l[:0]
 	}
 	c.centralBytes, c.centralBlocks = 0, 0
-	for _, a := range out {
-		_ = c.giveBack(a, true)
-	}
-	return len(out) > 0
+	return out
 }
 
 // updateShare recomputes each P's share of the cache budget. Pool lock
@@ -623,26 +632,8 @@ func (c *cacheSet) giveBack(addr uint64, keep bool) error {
 // back stay cached (see giveBack); without (Close), they are dropped. It
 // returns the first error. Pool lock held.
 func (c *cacheSet) drainLocked(keep bool) error {
-	var out []uint64
-	for i := range c.ps {
-		pc := &c.ps[i]
-		pc.lockWait()
-		for class, st := range pc.stacks {
-			out = append(out, st...)
-			pc.stacks[class] = st[:0]
-		}
-		pc.stackBytes, pc.stackBlocks = 0, 0
-		pc.unlock()
-	}
-	for class, l := range c.central {
-		for _, cb := range l {
-			out = append(out, cb.addr)
-		}
-		c.central[class] = l[:0]
-	}
-	c.centralBytes, c.centralBlocks = 0, 0
 	var first error
-	for _, a := range out {
+	for _, a := range c.takeAll(-1) {
 		if err := c.giveBack(a, keep); err != nil && first == nil {
 			first = err
 		}

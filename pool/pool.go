@@ -853,14 +853,9 @@ func (p *Pool) freeBlock(b tlsf.Block, s device.Stream) error {
 		if s == 0 && p.cache.adopt(b) {
 			return nil // now cached by this P
 		}
-		p.cache.sysBytes -= b.Size
-		p.cache.sysBlocks--
 		// Live in the pool's own counters from now on, so that a failure
 		// below leaves it a consistent live block.
-		p.meta[b.ID].state = stateLive
-		p.c.allocated += b.Size
-		p.c.active += b.Size
-		p.c.allocations++
+		p.uncache(b)
 	default:
 		return fmt.Errorf("%w: %#x", ErrDoubleFree, ptr)
 	}
@@ -883,6 +878,19 @@ func (p *Pool) freeBlock(b tlsf.Block, s device.Stream) error {
 	}
 	p.afterLockedFree()
 	return nil
+}
+
+// uncache moves block b, handed out by a P's cache and just taken from
+// its owner's table (cacheSet.takeLive), out of the caches' count and
+// into the pool's own: a live block of the pool from now on. Pool lock
+// held.
+func (p *Pool) uncache(b tlsf.Block) {
+	p.cache.sysBytes -= b.Size
+	p.cache.sysBlocks--
+	p.meta[b.ID].state = stateLive
+	p.c.allocated += b.Size
+	p.c.active += b.Size
+	p.c.allocations++
 }
 
 // releaseFreed makes block b, freed on stream s and no longer counted

@@ -66,17 +66,12 @@ func (p *Pool) RecordStream(ptr uintptr, s device.Stream) error {
 	case stateCached:
 		// Handed out by a per-P cache, whose lock-free free knows nothing
 		// of recorded streams: take it from its owner's table and count it
-		// live in the pool's own counters, as freeLocked does, so that its
+		// live in the pool's own counters, as freeBlock does, so that its
 		// free comes here under the lock.
 		if !p.cache.takeLive(b) {
 			return fmt.Errorf("%w: %#x is not a live allocation", ErrUnknownPointer, ptr)
 		}
-		p.cache.sysBytes -= b.Size
-		p.cache.sysBlocks--
-		p.meta[b.ID].state = stateLive
-		p.c.allocated += b.Size
-		p.c.active += b.Size
-		p.c.allocations++
+		p.uncache(b)
 	default:
 		return fmt.Errorf("%w: %#x is not a live allocation", ErrUnknownPointer, ptr)
 	}

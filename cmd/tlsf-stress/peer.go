@@ -26,12 +26,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,6 +54,20 @@ func parseDevices(s string) ([]int, error) {
 		out = append(out, k)
 	}
 	return out, nil
+}
+
+// poolBackend returns the pool backend of name, one of the pool's own
+// backends (tlsf-vmm, tlsf-chunks, passthrough); false for any other.
+func poolBackend(name string) (pool.Backend, bool) {
+	switch name {
+	case backendVMM:
+		return pool.BackendVMM, true
+	case backendChunks:
+		return pool.BackendChunks, true
+	case backendPassthrough:
+		return pool.BackendPassthrough, true
+	}
+	return pool.BackendAuto, false
 }
 
 // peerDevices are the opened devices of --devices, in list order.
@@ -174,15 +185,8 @@ type peerPair struct {
 
 func runPeer(cmd *cobra.Command, g *globalFlags, o *runOpts, ords []int) error {
 	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
-	var be pool.Backend
-	switch o.backend {
-	case backendVMM:
-		be = pool.BackendVMM
-	case backendChunks:
-		be = pool.BackendChunks
-	case backendPassthrough:
-		be = pool.BackendPassthrough
-	default:
+	be, ok := poolBackend(o.backend)
+	if !ok {
 		return usagef("--devices takes a pool backend (tlsf-vmm, tlsf-chunks, passthrough), not %q", o.backend)
 	}
 	pd, err := openPeerDevices(g, ords)
@@ -263,98 +267,37 @@ func runPeer(cmd *cobra.Command, g *globalFlags, o *runOpts, ords []int) error {
 // run runs the workload (see the file comment) and returns the report.
 func (r *peerRun) run() *stressReport {
 	s := r.s
-	start := time.Now()
-	if s.cfg.duration > 0 {
-		s.stop = start.Add(s.cfg.duration)
-	}
-	var wg sync.WaitGroup
-	for g := range s.cfg.goroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() {
-				if p := recover(); p != nil {
-					s.error("goroutine %d: panic: %v", g, p)
-				}
-			}()
-			r.worker(g)
+	start := s.runWorkers(func(g int) {
+		defer func() {
+			if p := recover(); p != nil {
+				s.error("goroutine %d: panic: %v", g, p)
+			}
 		}()
-	}
-	wg.Wait()
-	rep := &stressReport{
-		Ops: s.done.Load(), Allocs: s.allocs.Load(), Frees: s.frees.Load(), OOMs: s.ooms.Load(),
-		VerifiedBytes: s.verifiedBytes.Load(), VerifiedBlocks: s.verifiedBlocks.Load(),
-		PeakLive: s.peakLive.Load(), Elapsed: time.Since(start),
-	}
-	for i, p := range r.pools {
-		if err := (poolAlloc{p}).checkEmpty(); err != nil {
-			s.problem("device %d: %v", r.devs[i].Ordinal(), err)
-		}
-		if sd, ok := r.devs[i].(*sim.Device); ok {
-			for _, v := range sd.Violations() {
-				s.problem("simulated device %d: %s", sd.Ordinal(), v)
+		r.worker(g)
+	})
+	return s.report(start, func() {
+		for i, p := range r.pools {
+			if err := (poolAlloc{p}).checkEmpty(); err != nil {
+				s.problem("device %d: %v", r.devs[i].Ordinal(), err)
+			}
+			if sd, ok := r.devs[i].(*sim.Device); ok {
+				for _, v := range sd.Violations() {
+					s.problem("simulated device %d: %s", sd.Ordinal(), v)
+				}
 			}
 		}
-	}
-	for i := range s.work {
-		rep.WorkCalls[i] = s.work[i].Load()
-	}
-	s.mu.Lock()
-	rep.Problems, rep.ProblemCount = s.problems, s.nProbs
-	rep.Errors, rep.ErrorCount = s.errs, s.nErrors
-	s.mu.Unlock()
-	return rep
+	})
 }
 
+// worker is goroutine g's loop: pairs from device list[g mod n] to
+// list[(g+1) mod n], each counting twice its size against the budget.
 func (r *peerRun) worker(g int) {
-	s := r.s
 	n := len(r.devs)
 	src, dst := g%n, (g+1)%n
-	rng := rand.New(rand.NewPCG(s.cfg.seed, uint64(g)+1))
-	buf := make([]byte, min(copyChunk, 3*sampleBytes))
-	if s.cfg.verify == verifyFull {
-		buf = make([]byte, copyChunk)
-	}
-	slots := make([]*peerPair, max(1, s.cfg.slots))
-	budget := uint64(math.MaxUint64)
-	if s.cfg.maxLive > 0 {
-		budget = s.cfg.maxLive / uint64(max(1, s.cfg.goroutines))
-	}
-	var live uint64
-	free := func(i int) {
-		live -= 2 * slots[i].a.size
-		r.verifyFree(slots[i], buf)
-		slots[i] = nil
-	}
-	for s.more() {
-		i := rng.IntN(len(slots))
-		if slots[i] != nil {
-			free(i)
-			s.done.Add(1)
-			continue
-		}
-		size := s.cfg.sizes(rng)
-		if live+2*size > budget {
-			for k := 1; k < len(slots); k++ {
-				if j := (i + k) % len(slots); slots[j] != nil {
-					free(j)
-					break
-				}
-			}
-			s.done.Add(1)
-			continue
-		}
-		if pr := r.alloc(size, src, dst); pr != nil {
-			slots[i] = pr
-			live += 2 * size
-		}
-		s.done.Add(1)
-	}
-	for i := range slots {
-		if slots[i] != nil {
-			free(i)
-		}
-	}
+	buf := r.s.verifyBuf()
+	slotLoop(r.s, g, 2,
+		func(size uint64) *peerPair { return r.alloc(size, src, dst) },
+		func(pr *peerPair) { r.verifyFree(pr, buf) })
 }
 
 // allocBlock allocates and registers a block of size bytes on pool i.
@@ -362,32 +305,21 @@ func (r *peerRun) allocBlock(i int, size uint64) *liveBlock {
 	s := r.s
 	ptr, err := r.pools[i].Alloc(size)
 	if err != nil {
-		if isOOM(err) {
-			s.ooms.Add(1)
-		} else {
-			s.error("allocating %d bytes on device %d: %v", size, r.devs[i].Ordinal(), err)
-		}
+		s.allocFailed(err, "allocating %d bytes on device %d", size, r.devs[i].Ordinal())
 		return nil
 	}
-	s.allocs.Add(1)
-	id, pattern := s.newBlockID()
-	b := &liveBlock{id: id, ptr: ptr, size: size, pattern: pattern}
-	if o := s.insertRange(b); o != nil {
+	b, o := s.register(ptr, size)
+	if o != nil {
 		s.problem("overlap: %v was handed out while %v is live", b, o)
 	}
-	s.patterns.Store(b.pattern, b)
-	l := s.live.Add(size)
-	for p := s.peakLive.Load(); l > p && !s.peakLive.CompareAndSwap(p, l); p = s.peakLive.Load() {
-	}
+	s.addLive(size)
 	return b
 }
 
 // freeBlock unregisters and frees b on pool i.
 func (r *peerRun) freeBlock(i int, b *liveBlock) {
 	s := r.s
-	s.removeRange(b)
-	s.patterns.CompareAndDelete(b.pattern, b)
-	s.live.Add(^(b.size - 1))
+	s.unregister(b)
 	if err := r.pools[i].Free(b.ptr); err != nil {
 		s.error("freeing %v on device %d: %v", b, r.devs[i].Ordinal(), err)
 		return
@@ -453,17 +385,7 @@ func (r *peerRun) verifyFree(pr *peerPair, buf []byte) {
 
 func (r *peerRun) verify(pr *peerPair, buf []byte, n uint64) {
 	s, b, d := r.s, pr.b, r.devs[pr.dst]
-	type span struct{ off, n uint64 }
-	var spans []span
-	if s.cfg.verify == verifyFull || n <= 3*sampleBytes {
-		for off := uint64(0); off < n; off += uint64(len(buf)) {
-			spans = append(spans, span{off, min(uint64(len(buf)), n-off)})
-		}
-	} else {
-		mid := (n/2 - sampleBytes/2) &^ 3
-		spans = []span{{0, sampleBytes}, {mid, sampleBytes}, {n - sampleBytes, sampleBytes}}
-	}
-	for _, sp := range spans {
+	for _, sp := range s.spans(n, len(buf)) {
 		part := buf[:sp.n]
 		// cuMemcpyDtoH on the legacy default stream waits for the copy.
 		if err := s.call(device.CallMemcpyDtoH, d.MemcpyDtoH(part, b.ptr+uintptr(sp.off))); err != nil {
@@ -484,23 +406,16 @@ func (r *peerRun) verify(pr *peerPair, buf []byte, n uint64) {
 
 // summarize builds the outcome; the pools must still be open.
 func (r *peerRun) summarize(pd *peerDevices, o *runOpts, rep *stressReport) *peerResult {
+	problems, errs, opsPerSecond := rep.outcome()
 	res := &peerResult{
 		Device: pd.devs[0].Name(), DeviceKind: pd.kind, Devices: pd.ords, Backend: o.backend,
 		Goroutines: o.goroutines, Verify: o.verify,
 		Ops: rep.Ops, Allocs: rep.Allocs, Frees: rep.Frees, OutOfMemory: rep.OOMs,
 		Copies: r.copies.Load(), PeerCopies: r.peerCopies.Load(), CopiedBytes: r.copied.Load(),
-		ElapsedSeconds: rep.Elapsed.Seconds(), VerifiedBlocks: rep.VerifiedBlocks, VerifiedBytes: rep.VerifiedBytes,
+		ElapsedSeconds: rep.Elapsed.Seconds(), OpsPerSecond: opsPerSecond,
+		VerifiedBlocks: rep.VerifiedBlocks, VerifiedBytes: rep.VerifiedBytes,
 		PeakLiveBytes: rep.PeakLive, WorkloadDeviceCalls: rep.WorkCalls.Total(),
-		ProblemCount: rep.ProblemCount, Problems: rep.Problems, ErrorCount: rep.ErrorCount, Errors: rep.Errors,
-	}
-	if res.Problems == nil {
-		res.Problems = []string{}
-	}
-	if res.Errors == nil {
-		res.Errors = []string{}
-	}
-	if rep.Elapsed > 0 {
-		res.OpsPerSecond = float64(rep.Ops) / rep.Elapsed.Seconds()
+		ProblemCount: rep.ProblemCount, Problems: problems, ErrorCount: rep.ErrorCount, Errors: errs,
 	}
 	for i, p := range r.pools {
 		st := p.Stats()
@@ -555,34 +470,41 @@ func (r *peerRun) bench(res *peerResult) {
 		res.ErrorCount++
 		res.Errors = append(res.Errors, fmt.Sprintf("copy benchmark, %s: %v", what, err))
 	}
-	a, err := r.pools[src].Alloc(size)
-	if err != nil {
-		fail("pool block", err)
+	// both allocates a block of size bytes on src and one on dst with
+	// alloc, and returns them with release, which frees them with free,
+	// dst's first; ok is false, the failure reported as what, when either
+	// allocation failed.
+	both := func(what string, alloc func(i int) (uintptr, error), free func(i int, p uintptr) error) (a, b uintptr, release func(), ok bool) {
+		a, err := alloc(src)
+		if err != nil {
+			fail(what, err)
+			return 0, 0, nil, false
+		}
+		if b, err = alloc(dst); err != nil {
+			fail(what, err)
+			_ = free(src, a)
+			return 0, 0, nil, false
+		}
+		return a, b, func() { _ = free(dst, b); _ = free(src, a) }, true
+	}
+	a, b, release, ok := both("pool block",
+		func(i int) (uintptr, error) { return r.pools[i].Alloc(size) },
+		func(i int, p uintptr) error { return r.pools[i].Free(p) })
+	if !ok {
 		return
 	}
-	defer r.pools[src].Free(a)
-	b, err := r.pools[dst].Alloc(size)
-	if err != nil {
-		fail("pool block", err)
-		return
-	}
-	defer r.pools[dst].Free(b)
+	defer release()
 	if res.PoolCopyGBps, err = timeCopies(b, a); err != nil {
 		fail("pool blocks", err)
 		return
 	}
-	pa, err := r.devs[src].MemAlloc(size)
-	if err != nil {
-		fail("cuMemAlloc", err)
+	pa, pb, releasePlain, ok := both("cuMemAlloc",
+		func(i int) (uintptr, error) { return r.devs[i].MemAlloc(size) },
+		func(i int, p uintptr) error { return r.devs[i].MemFree(p) })
+	if !ok {
 		return
 	}
-	defer r.devs[src].MemFree(pa)
-	pb, err := r.devs[dst].MemAlloc(size)
-	if err != nil {
-		fail("cuMemAlloc", err)
-		return
-	}
-	defer r.devs[dst].MemFree(pb)
+	defer releasePlain()
 	if err := r.pas[src].EnablePeerAccess(r.devs[dst].Ordinal()); err != nil {
 		fail("cuCtxEnablePeerAccess", err)
 		return

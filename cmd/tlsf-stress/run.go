@@ -263,22 +263,15 @@ func runRun(cmd *cobra.Command, g *globalFlags, o *runOpts) error {
 // summarize turns a stress report and the allocator's figures into a
 // runResult. The allocator must still be open.
 func summarize(ds *devices, dev device.Device, a allocator, w *workloadFlags, rep *stressReport) *runResult {
+	problems, errs, opsPerSecond := rep.outcome()
 	res := &runResult{
 		Device: dev.Name(), DeviceKind: ds.kind, Backend: w.backend, Goroutines: w.goroutines,
 		Stream: w.stream, Verify: w.verify,
 		Ops: rep.Ops, Allocs: rep.Allocs, Frees: rep.Frees, OutOfMemory: rep.OOMs,
-		ElapsedSeconds: rep.Elapsed.Seconds(), VerifiedBlocks: rep.VerifiedBlocks, VerifiedBytes: rep.VerifiedBytes,
+		ElapsedSeconds: rep.Elapsed.Seconds(), OpsPerSecond: opsPerSecond,
+		VerifiedBlocks: rep.VerifiedBlocks, VerifiedBytes: rep.VerifiedBytes,
 		PeakLiveBytes: rep.PeakLive, WorkloadDeviceCalls: rep.WorkCalls.Total(),
-		ProblemCount: rep.ProblemCount, Problems: rep.Problems, ErrorCount: rep.ErrorCount, Errors: rep.Errors,
-	}
-	if res.Problems == nil {
-		res.Problems = []string{}
-	}
-	if res.Errors == nil {
-		res.Errors = []string{}
-	}
-	if rep.Elapsed > 0 {
-		res.OpsPerSecond = float64(rep.Ops) / rep.Elapsed.Seconds()
+		ProblemCount: rep.ProblemCount, Problems: problems, ErrorCount: rep.ErrorCount, Errors: errs,
 	}
 	if peak, err := a.peakReserved(); err == nil {
 		res.PeakReservedBytes = peak
@@ -295,6 +288,23 @@ func summarize(ds *devices, dev device.Device, a allocator, w *workloadFlags, re
 	}
 	res.OK = res.ProblemCount == 0 && res.ErrorCount == 0
 	return res
+}
+
+// outcome returns what run and run --devices report of rep besides its
+// counts: its problems and errors, empty rather than nil (--json writes
+// arrays), and its operations per second (0 when no time passed).
+func (rep *stressReport) outcome() (problems, errs []string, opsPerSecond float64) {
+	problems, errs = rep.Problems, rep.Errors
+	if problems == nil {
+		problems = []string{}
+	}
+	if errs == nil {
+		errs = []string{}
+	}
+	if rep.Elapsed > 0 {
+		opsPerSecond = float64(rep.Ops) / rep.Elapsed.Seconds()
+	}
+	return problems, errs, opsPerSecond
 }
 
 func printRunSummary(w io.Writer, r *runResult) {

@@ -74,15 +74,8 @@ Cases: ` + strings.Join(sanitizeCases, ", ") + `.`,
 
 func runSanitize(cmd *cobra.Command, g *globalFlags, o *sanitizeOpts) error {
 	out := cmd.OutOrStdout()
-	var be pool.Backend
-	switch o.backend {
-	case backendVMM:
-		be = pool.BackendVMM
-	case backendChunks:
-		be = pool.BackendChunks
-	case backendPassthrough:
-		be = pool.BackendPassthrough
-	default:
+	be, ok := poolBackend(o.backend)
+	if !ok {
 		return usagef("--backend %q: want tlsf-vmm, tlsf-chunks or passthrough", o.backend)
 	}
 	var cases []string

@@ -134,33 +134,50 @@ func newStress(ctx context.Context, d device.Device, a allocator, cfg stressConf
 // verified and freed, and the allocator is checked for lost blocks. It
 // blocks; opsDone may be called meanwhile from other goroutines.
 func (s *stress) run() *stressReport {
-	cfg, a, d := s.cfg, s.a, s.dev
+	a, d := s.a, s.dev
+	start := s.runWorkers(s.worker)
+	return s.report(start, func() {
+		if err := a.checkEmpty(); err != nil {
+			s.problem("%v", err)
+		}
+		if sd, ok := d.(*sim.Device); ok {
+			for _, v := range sd.Violations() {
+				s.problem("simulated device: %s", v)
+			}
+		}
+	})
+}
+
+// runWorkers sets the workload's deadline (cfg.duration), runs work(g)
+// for g from 0 to cfg.goroutines-1, each on a goroutine of its own, waits
+// for them all, and returns the time they started.
+func (s *stress) runWorkers(work func(g int)) time.Time {
 	start := time.Now()
-	if cfg.duration > 0 {
-		s.stop = start.Add(cfg.duration)
+	if s.cfg.duration > 0 {
+		s.stop = start.Add(s.cfg.duration)
 	}
 	var wg sync.WaitGroup
-	for g := range cfg.goroutines {
+	for g := range s.cfg.goroutines {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.worker(g)
+			work(g)
 		}()
 	}
 	wg.Wait()
+	return start
+}
+
+// report returns the report of the workload, which ran from start (its
+// counts and elapsed time taken first), once check has reported the
+// problems found after it (lost blocks, a simulated device's violations).
+func (s *stress) report(start time.Time, check func()) *stressReport {
 	rep := &stressReport{
 		Ops: s.done.Load(), Allocs: s.allocs.Load(), Frees: s.frees.Load(), OOMs: s.ooms.Load(),
 		VerifiedBytes: s.verifiedBytes.Load(), VerifiedBlocks: s.verifiedBlocks.Load(),
 		PeakLive: s.peakLive.Load(), Elapsed: time.Since(start),
 	}
-	if err := a.checkEmpty(); err != nil {
-		s.problem("%v", err)
-	}
-	if sd, ok := d.(*sim.Device); ok {
-		for _, v := range sd.Violations() {
-			s.problem("simulated device: %s", v)
-		}
-	}
+	check()
 	for i := range s.work {
 		rep.WorkCalls[i] = s.work[i].Load()
 	}
@@ -209,9 +226,9 @@ func (s *stress) more() bool {
 	return true
 }
 
-// worker is goroutine g's loop.
+// worker is goroutine g's loop (slotLoop), on a stream of its own with
+// --stream per-goroutine.
 func (s *stress) worker(g int) {
-	r := rand.New(rand.NewPCG(s.cfg.seed, uint64(g)+1))
 	var st device.Stream
 	if s.cfg.perStream {
 		var err error
@@ -228,51 +245,71 @@ func (s *stress) worker(g int) {
 			}
 		}()
 	}
-	w := &worker{s: s, st: st, buf: make([]byte, min(copyChunk, 3*sampleBytes))}
-	if s.cfg.verify == verifyFull {
-		w.buf = make([]byte, copyChunk)
+	w := &worker{s: s, st: st, buf: s.verifyBuf()}
+	slotLoop(s, g, 1, w.alloc, w.verifyFree)
+}
+
+// slotLoop is goroutine g's loop of operations (see the file comment) on
+// blocks of type T: alloc makes one of size bytes (nil when it failed,
+// counted), free verifies and frees one. A block of size bytes counts
+// weight × size bytes against the goroutine's share of cfg.maxLive. When
+// no operation is left, the blocks still live are freed.
+func slotLoop[T any](s *stress, g int, weight uint64, alloc func(size uint64) *T, free func(*T)) {
+	r := rand.New(rand.NewPCG(s.cfg.seed, uint64(g)+1))
+	type slot struct {
+		b    *T
+		cost uint64 // weight × the block's size
 	}
-	slots := make([]*liveBlock, max(1, s.cfg.slots))
+	slots := make([]slot, max(1, s.cfg.slots))
 	budget := uint64(math.MaxUint64)
 	if s.cfg.maxLive > 0 {
 		budget = s.cfg.maxLive / uint64(max(1, s.cfg.goroutines))
 	}
 	var live uint64
-	free := func(i int) {
-		live -= slots[i].size
-		w.verifyFree(slots[i])
-		slots[i] = nil
+	release := func(i int) {
+		live -= slots[i].cost
+		free(slots[i].b)
+		slots[i] = slot{}
 	}
 	for s.more() {
 		i := r.IntN(len(slots))
-		if slots[i] != nil {
-			free(i)
+		if slots[i].b != nil {
+			release(i)
 			s.done.Add(1)
 			continue
 		}
 		size := s.cfg.sizes(r)
-		if live+size > budget {
+		if live+weight*size > budget {
 			// Over this goroutine's share: free another block instead.
 			for k := 1; k < len(slots); k++ {
-				if j := (i + k) % len(slots); slots[j] != nil {
-					free(j)
+				if j := (i + k) % len(slots); slots[j].b != nil {
+					release(j)
 					break
 				}
 			}
 			s.done.Add(1)
 			continue
 		}
-		if b := w.alloc(size); b != nil {
-			slots[i] = b
-			live += size
+		if b := alloc(size); b != nil {
+			slots[i] = slot{b, weight * size}
+			live += weight * size
 		}
 		s.done.Add(1)
 	}
 	for i := range slots {
-		if slots[i] != nil {
-			free(i)
+		if slots[i].b != nil {
+			release(i)
 		}
 	}
+}
+
+// verifyBuf returns a goroutine's host buffer for reading blocks back:
+// copyChunk bytes for full verification, else enough for the samples.
+func (s *stress) verifyBuf() []byte {
+	if s.cfg.verify == verifyFull {
+		return make([]byte, copyChunk)
+	}
+	return make([]byte, min(copyChunk, 3*sampleBytes))
 }
 
 // worker is one goroutine's state.
@@ -299,21 +336,14 @@ func (w *worker) alloc(size uint64) *liveBlock {
 	s := w.s
 	ptr, err := s.a.AllocOn(size, w.st)
 	if err != nil {
-		if isOOM(err) {
-			s.ooms.Add(1)
-		} else {
-			s.error("allocating %d bytes: %v", size, err)
-		}
+		s.allocFailed(err, "allocating %d bytes", size)
 		return nil
 	}
-	s.allocs.Add(1)
-	id, pattern := s.newBlockID()
-	b := &liveBlock{id: id, ptr: ptr, size: size, pattern: pattern}
-	if o := s.insertRange(b); o != nil {
+	b, o := s.register(ptr, size)
+	if o != nil {
 		s.problem("overlap: %v was handed out while %v is live (they share [%#x, %#x))",
 			b, o, max(b.ptr, o.ptr), min(b.ptr+uintptr(b.size), o.ptr+uintptr(o.size)))
 	}
-	s.patterns.Store(b.pattern, b)
 	if words := size / 4; words > 0 {
 		if err := s.call(device.CallMemsetD32Async, s.dev.MemsetD32Async(ptr, b.pattern, words, w.st)); err != nil {
 			s.error("filling %v: %v", b, err)
@@ -322,10 +352,45 @@ func (w *worker) alloc(size uint64) *liveBlock {
 	if testHookFilled != nil {
 		testHookFilled(s.dev, b)
 	}
+	s.addLive(size)
+	return b
+}
+
+// allocFailed counts a failed allocation: out of memory, or an error of
+// the workload, reported as format and args followed by ": " and err.
+func (s *stress) allocFailed(err error, format string, args ...any) {
+	if isOOM(err) {
+		s.ooms.Add(1)
+		return
+	}
+	s.error(format+": %v", append(args, err)...)
+}
+
+// register counts a block of size bytes allocated at ptr, gives it its ID
+// and pattern, and adds it to the live ranges and patterns. It returns the
+// block and a live block it overlaps, if any, for the caller to report.
+func (s *stress) register(ptr uintptr, size uint64) (b, overlap *liveBlock) {
+	s.allocs.Add(1)
+	id, pattern := s.newBlockID()
+	b = &liveBlock{id: id, ptr: ptr, size: size, pattern: pattern}
+	overlap = s.insertRange(b)
+	s.patterns.Store(b.pattern, b)
+	return b, overlap
+}
+
+// addLive adds size bytes to the live bytes and raises their peak.
+func (s *stress) addLive(size uint64) {
 	l := s.live.Add(size)
 	for p := s.peakLive.Load(); l > p && !s.peakLive.CompareAndSwap(p, l); p = s.peakLive.Load() {
 	}
-	return b
+}
+
+// unregister removes b from the live ranges, patterns and bytes, before
+// its free.
+func (s *stress) unregister(b *liveBlock) {
+	s.removeRange(b)
+	s.patterns.CompareAndDelete(b.pattern, b)
+	s.live.Add(^(b.size - 1))
 }
 
 // verifyFree verifies b's contents, unregisters it and frees it.
@@ -334,9 +399,7 @@ func (w *worker) verifyFree(b *liveBlock) {
 	if s.cfg.verify != verifyNone {
 		w.verify(b)
 	}
-	s.removeRange(b)
-	s.patterns.CompareAndDelete(b.pattern, b)
-	s.live.Add(^(b.size - 1))
+	s.unregister(b)
 	if err := s.a.FreeOn(b.ptr, w.st); err != nil {
 		s.error("freeing %v: %v", b, err)
 		return
@@ -359,17 +422,7 @@ func (w *worker) verify(b *liveBlock) {
 			return
 		}
 	}
-	type span struct{ off, n uint64 }
-	var spans []span
-	if s.cfg.verify == verifyFull || n <= 3*sampleBytes {
-		for off := uint64(0); off < n; off += uint64(len(w.buf)) {
-			spans = append(spans, span{off, min(uint64(len(w.buf)), n-off)})
-		}
-	} else {
-		mid := (n/2 - sampleBytes/2) &^ 3
-		spans = []span{{0, sampleBytes}, {mid, sampleBytes}, {n - sampleBytes, sampleBytes}}
-	}
-	for _, sp := range spans {
+	for _, sp := range s.spans(n, len(w.buf)) {
 		buf := w.buf[:sp.n]
 		if err := s.call(device.CallMemcpyDtoH, s.dev.MemcpyDtoH(buf, b.ptr+uintptr(sp.off))); err != nil {
 			s.error("reading back %v at offset %d: %v", b, sp.off, err)
@@ -391,6 +444,26 @@ func (w *worker) verify(b *liveBlock) {
 		}
 	}
 	s.verifiedBlocks.Add(1)
+}
+
+// span is a range a verification reads back: n bytes at offset off of
+// its block.
+type span struct{ off, n uint64 }
+
+// spans are the ranges a verification reads of the first n bytes of a
+// block (n a multiple of 4) with a host buffer of bufLen bytes: all of
+// them, in reads of at most bufLen bytes (full verification, or n at most
+// three samples), else the first, middle and last sampleBytes.
+func (s *stress) spans(n uint64, bufLen int) []span {
+	if s.cfg.verify == verifyFull || n <= 3*sampleBytes {
+		var spans []span
+		for off := uint64(0); off < n; off += uint64(bufLen) {
+			spans = append(spans, span{off, min(uint64(bufLen), n-off)})
+		}
+		return spans
+	}
+	mid := (n/2 - sampleBytes/2) &^ 3
+	return []span{{0, sampleBytes}, {mid, sampleBytes}, {n - sampleBytes, sampleBytes}}
 }
 
 // insertRange adds b to the live ranges and returns a live block that
