@@ -64,8 +64,11 @@ type Pool struct {
 	hist  *history    // nil unless Options.History > 0 (history.go)
 	peers []int       // devices granted access besides dev (peers.go)
 	oom   oomMemo     // the last request the out-of-memory path failed (share.go)
-	seen  seenFree    // the device's free memory as this request's growth read it (share.go)
-	scav  *scavenger  // nil unless FreeFloorFraction is set (scavenge.go)
+	// pressure is 1 + c.allocs at the last failed allocation, 0: none
+	// (mayRecycle, share.go).
+	pressure uint64
+	seen     seenFree   // the device's free memory as this request's growth read it (share.go)
+	scav     *scavenger // nil unless FreeFloorFraction is set (scavenge.go)
 }
 
 // counters are the pool's statistics kept under its lock.
@@ -452,7 +455,7 @@ func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
 		}
 		return b, err
 	}
-	if !p.mayRecycle(size, 0) { // moving what the request needs, then growing: bounded by the cap alone
+	if !p.mayRecycle(size) {
 		return p.outOfMemory(size, align, err)
 	}
 	if _, rerr := p.releaseFor(size, align); rerr != nil {

@@ -18,8 +18,8 @@ package pool
 //  2. searches the index again (searchRecycling), weighing up to 32 free
 //     blocks for the one lying on the fewest released pages
 //     (placeMapped); where that block lies partly on released pages, and
-//     moving pages is worth it (mayRecycle: below 90% of the cap, or a
-//     few pages near it), it
+//     moving pages is worth it (mayRecycle: below 90% of the cap, or no
+//     allocation failed lately), it
 //     moves exactly the pages the block lacks from under other free
 //     blocks (the smallest first, recycle) to the spares, unmapped but
 //     kept (cuMemUnmap), and maps them under the block (cuMemMap,
@@ -78,6 +78,7 @@ func (p *Pool) remembered(size uint64) bool {
 
 // rememberOOM records a failed request of size bytes.
 func (p *Pool) rememberOOM(size uint64) {
+	p.pressure = p.c.allocs + 1
 	s := size
 	if p.oom.size != 0 && p.oom.frees == p.c.frees {
 		s = min(s, p.oom.size)
@@ -134,7 +135,7 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 	if need > 0 {
 		b, need = p.placeMapped(h, b, need, alloc)
 	}
-	if short := need - min(need, h.spare()); short > 0 && p.mayRecycle(b.Size, short) {
+	if short := need - min(need, h.spare()); short > 0 && p.mayRecycle(b.Size) {
 		rerr := p.ss.syncDirty()
 		if rerr == nil {
 			var n uint64
@@ -211,33 +212,42 @@ func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
 	return moved, nil
 }
 
-// recycleLiveFraction and recycleNearCap bound the pages
-// searchRecycling moves from under other free blocks to fill the holes of
-// the block it found. Below recycleLiveFraction of the cap (memory in
-// use, the request included) it moves what the block lacks. Above it, the
-// free memory left is at most a tenth of the cap, scattered between live
-// blocks, and gathering it costs a cuMemUnmap, a cuMemMap and a
-// cuMemSetAccess per 2 MiB page that the next request may undo: there it
-// moves at most recycleNearCap bytes and otherwise leaves the request to
-// releaseFor and growth, which allocMiss lets move what the request needs
-// as long as it fits under the cap. That second step is what keeps the
-// smallest feasible cap at 1.004–1.009 × peak live on the shared traces;
-// bounding it too (by 64 or 512 MiB, or refusing every move above 90%)
-// raised it to 1.09–1.12 on lstm and tdnn. The price is paid by jobs that
-// oversubscribe their cap: tlsf-stress multi (K = 2 on the simulated
-// H200) makes 16 driver calls per operation with this rule, 4 when every
-// move above 90% is refused, 30 before this file existed.
+// Moving pages near the cap. The out-of-memory path serves a request that
+// fits under the cap but not in any mapped free block by moving 2 MiB
+// pages from under other free blocks (searchRecycling, releaseFor): a
+// cuMemUnmap, a cuMemMap and a cuMemSetAccess a page. Below
+// recycleLiveFraction of the cap (memory in use, the request included)
+// it always does. Above it the free memory left is at most a tenth of the
+// cap, scattered between live blocks, and whether gathering it pays
+// depends on the job:
+//
+//   - a job whose live memory fits under its cap (a training loop run
+//     near its limit) fails no allocation, and each gathering serves a
+//     request that would otherwise fail: it must move pages, or the
+//     smallest feasible cap rises (refusing every move above 90% raised
+//     it from 1.009 to 1.117 × peak live on the lstm trace);
+//   - a job that wants more than its cap (processes oversubscribing a
+//     GPU) fails allocations anyway, and gathering pages for one request
+//     only scatters the next: on the H200, 44–229 driver calls per
+//     operation in tlsf-stress multi.
+//
+// A failed allocation tells the two apart: for recyclePressureAllocs
+// allocations (under the lock) after one, the pool does not move pages
+// above recycleLiveFraction of its cap, and a request that does not fit
+// in mapped free memory fails at once. A job that never fails behaves as
+// if the rule did not exist.
 const (
 	recycleLiveFraction = 0.9
-	recycleNearCap      = 64 << 20
+	// recyclePressureAllocs: 256 allocations, a few training steps of the
+	// shared traces (lstm makes about 1,600 per replay of 3,278 ops).
+	recyclePressureAllocs = 256
 )
 
-// mayRecycle reports whether the out-of-memory path may move short bytes
-// of pages for a request of size bytes: the pool has no cap, or the
-// memory in use plus size fits under it and either stays within
-// recycleLiveFraction of it or short is at most recycleNearCap (0: no
-// bound but the cap).
-func (p *Pool) mayRecycle(size, short uint64) bool {
+// mayRecycle reports whether the out-of-memory path may move pages for a
+// request of size bytes: the pool has no cap; or the memory in use plus
+// size fits under it and either stays within recycleLiveFraction of it
+// or no allocation failed in the last recyclePressureAllocs.
+func (p *Pool) mayRecycle(size uint64) bool {
 	capped, limit, _ := p.cap()
 	if !capped {
 		return true
@@ -249,7 +259,10 @@ func (p *Pool) mayRecycle(size, short uint64) bool {
 	if used+size > limit {
 		return false
 	}
-	return float64(used+size) <= recycleLiveFraction*float64(limit) || short <= recycleNearCap
+	if float64(used+size) <= recycleLiveFraction*float64(limit) {
+		return true
+	}
+	return p.pressure == 0 || p.c.allocs-(p.pressure-1) >= recyclePressureAllocs
 }
 
 // placeCandidates is how many free blocks the out-of-memory path weighs

@@ -258,3 +258,23 @@ func TestTheOutOfMemoryPathMovesOnlyWhatIsNeeded(t *testing.T) {
 	require.NoError(t, sd.MemsetD32(big, 1, wordCount(16*miB)))
 	checkStep(t, p, d)
 }
+
+// Above 90% of the cap, pages move only while no allocation failed in the
+// last recyclePressureAllocs allocations: an oversubscribed job fails fast
+// instead of gathering scattered pages for every request.
+func TestMayRecycleUnderPressure(t *testing.T) {
+	p := openPool(t, onSim(sim.New(sim.Config{Capacity: giB})), Options{MaxBytes: 100 * miB, Cache: CacheOptions{Disable: true}})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	saved := p.c
+	defer func() { p.c = saved }()
+	p.c.active = 85 * miB
+	require.True(t, p.mayRecycle(4*miB), "89% of the cap")
+	require.True(t, p.mayRecycle(10*miB), "95% of the cap, no failure yet")
+	require.False(t, p.mayRecycle(20*miB), "above the cap")
+	p.rememberOOM(50 * miB)
+	require.True(t, p.mayRecycle(4*miB), "below 90%: always")
+	require.False(t, p.mayRecycle(10*miB), "95% right after a failure")
+	p.c.allocs += recyclePressureAllocs
+	require.True(t, p.mayRecycle(10*miB), "the failure is old")
+}
