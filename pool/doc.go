@@ -82,7 +82,9 @@
 // cuMemRelease or cuMemCreate), else it moves what the request needs and
 // grows once more; then it fails with ErrOutOfMemory. It remembers the
 // failure, so that until it next frees a block, a request at least as
-// large fails without repeating the work. Unused
+// large fails without repeating the work; and for 256 allocations after a
+// failure it gathers no scattered pages above 90% of its cap, so that a
+// job asking for more than its share fails fast instead of thrashing. Unused
 // memory goes back to other processes through FreeFloorFraction, Trim or
 // a scavenger, not on every error (share.go).
 //
