@@ -72,17 +72,9 @@ const (
 
 // String returns the cuda.h name, e.g. "CU_MEMPOOL_ATTR_RELEASE_THRESHOLD".
 func (a MemPoolAttribute) String() string {
-	switch a {
-	case MemPoolReleaseThreshold:
-		return "CU_MEMPOOL_ATTR_RELEASE_THRESHOLD"
-	case MemPoolReservedMemCurrent:
-		return "CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT"
-	case MemPoolReservedMemHigh:
-		return "CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH"
-	case MemPoolUsedMemCurrent:
-		return "CU_MEMPOOL_ATTR_USED_MEM_CURRENT"
-	case MemPoolUsedMemHigh:
-		return "CU_MEMPOOL_ATTR_USED_MEM_HIGH"
+	if a.Valid() {
+		return "CU_MEMPOOL_ATTR_" + [...]string{"RELEASE_THRESHOLD", "RESERVED_MEM_CURRENT",
+			"RESERVED_MEM_HIGH", "USED_MEM_CURRENT", "USED_MEM_HIGH"}[a-MemPoolReleaseThreshold]
 	}
 	return fmt.Sprintf("MemPoolAttribute(%d)", int(a))
 }

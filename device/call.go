@@ -49,39 +49,18 @@ const (
 	NumCalls // the number of Call kinds; not a call
 )
 
-var callNames = [NumCalls]string{
-	CallMemGetInfo:          "cuMemGetInfo",
-	CallMemAlloc:            "cuMemAlloc",
-	CallMemFree:             "cuMemFree",
-	CallMemAllocPitch:       "cuMemAllocPitch",
-	CallAddressReserve:      "cuMemAddressReserve",
-	CallAddressFree:         "cuMemAddressFree",
-	CallMemCreate:           "cuMemCreate",
-	CallMemRelease:          "cuMemRelease",
-	CallMemMap:              "cuMemMap",
-	CallMemUnmap:            "cuMemUnmap",
-	CallMemSetAccess:        "cuMemSetAccess",
-	CallStreamCreate:        "cuStreamCreate",
-	CallStreamDestroy:       "cuStreamDestroy",
-	CallStreamSynchronize:   "cuStreamSynchronize",
-	CallStreamWaitEvent:     "cuStreamWaitEvent",
-	CallEventCreate:         "cuEventCreate",
-	CallEventDestroy:        "cuEventDestroy",
-	CallEventRecord:         "cuEventRecord",
-	CallEventQuery:          "cuEventQuery",
-	CallEventSynchronize:    "cuEventSynchronize",
-	CallMemsetD32:           "cuMemsetD32",
-	CallMemsetD32Async:      "cuMemsetD32Async",
-	CallMemcpyDtoH:          "cuMemcpyDtoH",
-	CallMemAllocAsync:       "cuMemAllocAsync",
-	CallMemFreeAsync:        "cuMemFreeAsync",
-	CallMemPoolTrimTo:       "cuMemPoolTrimTo",
-	CallMemPoolGetAttribute: "cuMemPoolGetAttribute",
-	CallMemPoolSetAttribute: "cuMemPoolSetAttribute",
-	CallMemsetD8Async:       "cuMemsetD8Async",
-	CallCtxEnablePeerAccess: "cuCtxEnablePeerAccess",
-	CallMemcpyDtoDAsync:     "cuMemcpyDtoDAsync",
-}
+// callNames are the driver entry points, in Call order (call_test.go
+// checks there is one per Call).
+var callNames = strings.Fields(`
+	cuMemGetInfo cuMemAlloc cuMemFree cuMemAllocPitch
+	cuMemAddressReserve cuMemAddressFree cuMemCreate cuMemRelease
+	cuMemMap cuMemUnmap cuMemSetAccess cuStreamCreate
+	cuStreamDestroy cuStreamSynchronize cuStreamWaitEvent cuEventCreate
+	cuEventDestroy cuEventRecord cuEventQuery cuEventSynchronize
+	cuMemsetD32 cuMemsetD32Async cuMemcpyDtoH cuMemAllocAsync
+	cuMemFreeAsync cuMemPoolTrimTo cuMemPoolGetAttribute cuMemPoolSetAttribute
+	cuMemsetD8Async cuCtxEnablePeerAccess cuMemcpyDtoDAsync
+`)
 
 // String returns the driver entry point's name, e.g. "cuMemAlloc".
 func (c Call) String() string {
