@@ -200,26 +200,22 @@ func (c *Client) HeapRegister(base uintptr, size uint64) uintptr {
 
 // HeapUnregister forgets a heap and every region in it
 // (nvtxMemHeapUnregister). A zero handle does nothing.
-func (c *Client) HeapUnregister(heap uintptr) {
-	if heap == 0 || c.heapUnregister == 0 {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	purego.SyscallN(c.heapUnregister, c.domain, heap)
-	c.trace("heap unregister %#x", heap)
-}
+func (c *Client) HeapUnregister(heap uintptr) { c.heapCall(c.heapUnregister, heap, "heap unregister") }
 
 // HeapReset forgets every region of a heap, keeping the heap
 // (nvtxMemHeapReset). A zero handle does nothing.
-func (c *Client) HeapReset(heap uintptr) {
-	if heap == 0 || c.heapReset == 0 {
+func (c *Client) HeapReset(heap uintptr) { c.heapCall(c.heapReset, heap, "heap reset") }
+
+// heapCall calls slot fn (a function of the domain and a heap handle) for
+// heap, unless either is zero.
+func (c *Client) heapCall(fn, heap uintptr, what string) {
+	if heap == 0 || fn == 0 {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	purego.SyscallN(c.heapReset, c.domain, heap)
-	c.trace("heap reset %#x", heap)
+	purego.SyscallN(fn, c.domain, heap)
+	c.trace("%s %#x", what, heap)
 }
 
 // RegionRegister shows [ptr, ptr+size) of heap as a block in use
