@@ -167,9 +167,7 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 			return nil, fmt.Errorf("%w: MaxBytes %d is below the initial reserve of %d bytes", ErrBadOptions, o.MaxBytes, initial)
 		}
 		if initial > 0 {
-			if h, ok := p.heap.(*vmmHeap); ok {
-				h.fine = p.fineHandles(o.MaxBytes > 0 || o.MaxFraction < 1)
-			}
+			p.setFine()
 			if err := p.heap.grow(initial, initial); err != nil {
 				_ = p.heap.close()
 				return nil, fmt.Errorf("pool: initial reserve of %d bytes: %w", initial, err)
@@ -400,9 +398,7 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 			}
 			return tlsf.Block{}, errNoRoom
 		}
-		if h, ok := p.heap.(*vmmHeap); ok {
-			h.fine = p.fineHandles(capped)
-		}
+		p.setFine()
 		if err := p.heap.back(b); err != nil {
 			_, _ = p.x.Free(b.Addr)
 			return tlsf.Block{}, err
@@ -587,10 +583,7 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	if capped {
 		want = max(need, min(want, (limit-res-tail)/g*g))
 	}
-	if h, ok := p.heap.(*vmmHeap); ok {
-		capped, _ := p.capFrom(free)
-		h.fine = p.fineHandles(capped)
-	}
+	p.setFine()
 	if need+tail > free+spare {
 		// The device has not got it: asking page by page would take every
 		// free page from other processes before failing.
@@ -606,18 +599,46 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	return p.search(size, align)
 }
 
-// fineHandles reports whether a VMM pool should map one-page handles
-// (vmm.go): under ReleaseFraction, whose pages move one at a time, and in
-// a capped pool (MaxBytes, or MaxFraction below 1), whose memory must be
-// able to move at the finest granularity to fit under its cap. Measured
-// on the shared traces (simulated H200, smallest cap found by bisection
-// to 2 MiB, over peak live): with one-page handles in capped pools, lstm
-// 1.009, resnet50 1.003, tdnn 1.003; mapping one-page handles only within
+// setFine tells a VMM heap which handles to map next (vmm.go): one-page
+// handles under ReleaseFraction, whose pages move one at a time, and in a
+// capped pool (MaxBytes, or MaxFraction below 1), whose memory must be
+// able to move at the finest granularity to fit under its cap; but not
+// while the capped pool is under pressure (an allocation failed in its
+// last recyclePressureAllocs), when it maps large handles and releases
+// the one-page handles it moves instead of keeping them.
+//
+// One-page handles from the start: measured on the shared traces
+// (simulated H200, smallest cap found by bisection to 2 MiB, over peak
+// live), lstm 1.009, resnet50 1.003, tdnn 1.003; mapping them only within
 // 1/32 or 1/4 of the cap, 1.062, 1.017, 1.061, since the handles mapped
 // before the pool came near its cap cannot be released while any part of
-// them is in use.
-func (p *Pool) fineHandles(capped bool) bool {
-	return p.opts.ReleaseFraction > 0 || capped
+// them is in use; handles of even two pages, 1.142, 1.021, 1.185.
+//
+// Large handles under pressure: a job that wants more than its cap moves
+// memory on every few requests (tlsf-stress multi: about 94 MiB a
+// request, blocks of 1/4096 to 1/16 of its share), and a move costs a
+// cuMemMap per handle: 47 driver calls per operation with one-page
+// handles. With large handles, 9.2, 6.3, 5.0 for K = 2, 3, 4 processes
+// over 20,000 operations on the simulated H200 (3.5 over 80,000 for K =
+// 2; most of the rest is the one-page handles mapped before the first
+// failure, released once). The price: a large handle moves only when no
+// block uses any of it, so such a job may fail a request that a pool of
+// one-page handles would have served (in the sharing tests, 12 of 11,974
+// failed requests came while the job's live memory was within 90% of its
+// share; none in a job that fails no allocation).
+func (p *Pool) setFine() {
+	h, ok := p.heap.(*vmmHeap)
+	if !ok {
+		return
+	}
+	capped, _ := p.capFrom(0)
+	h.fine = p.opts.ReleaseFraction > 0 || capped && !p.underPressure()
+}
+
+// underPressure reports whether an allocation failed in the last
+// recyclePressureAllocs (share.go).
+func (p *Pool) underPressure() bool {
+	return p.pressure != 0 && p.c.allocs-(p.pressure-1) < recyclePressureAllocs
 }
 
 // cap returns whether reserved memory is capped, and the cap in bytes.

@@ -23,7 +23,9 @@ package pool
 //     moves exactly the pages the block lacks from under other free
 //     blocks (the smallest first, recycle) to the spares, unmapped but
 //     kept (cuMemUnmap), and maps them under the block (cuMemMap,
-//     cuMemSetAccess; no cuMemRelease and cuMemCreate);
+//     cuMemSetAccess; no cuMemRelease and cuMemCreate); under pressure
+//     (a failure in the last recyclePressureAllocs) it releases them
+//     instead and maps the block with large handles (Pool.setFine);
 //  3. if the index has no block, moves at most what the request needs
 //     (releaseFor: its size rounded up to pages, plus one page for a
 //     block that straddles) to the spares, and grows once more, mapping
@@ -99,6 +101,7 @@ func (p *Pool) releaseFor(size, align uint64) (uint64, error) {
 	if err := p.ss.syncDirty(); err != nil {
 		return 0, err
 	}
+	p.setFine()
 	if _, vmm := p.heap.(*vmmHeap); !vmm {
 		n, err := p.heap.release(need, false)
 		p.noteReleased(n)
@@ -131,6 +134,7 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 	if err != nil {
 		return b, err
 	}
+	p.setFine()
 	need := h.unbacked(b)
 	if need > 0 {
 		b, need = p.placeMapped(h, b, need, alloc)
@@ -163,8 +167,10 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 }
 
 // recycle moves the physical pages of up to limit bytes lying wholly under
-// free blocks to the spares (cuMemUnmap; the handles are kept), taking
-// them from the smallest free blocks first: a small free block is the
+// free blocks out of the way (cuMemUnmap, one call per run of adjacent
+// mappings; one-page handles are kept as spares where the heap maps
+// one-page handles, the others released), taking whole mappings from the
+// smallest free blocks first: a small free block is the
 // least use to the next request, a large one the most, and emptying it
 // would only make the next large request move its pages back. Unlike
 // release, it takes pages from the free top of the heap too: the block
@@ -174,7 +180,13 @@ func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
 	if err := h.unmapStrays(); err != nil {
 		return 0, err
 	}
-	type run struct{ first, n, blockSize uint64 }
+	// A run is whole mappings under one free block, adjacent: one-page
+	// mappings (unit), of which any number may move, or one larger
+	// mapping, which moves whole (cuMemUnmap must cover whole mappings).
+	type run struct {
+		first, n, blockSize uint64
+		unit                bool
+	}
 	var free []run
 	h.x.Walk(func(b tlsf.Block) bool {
 		if !b.Free {
@@ -182,14 +194,16 @@ func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
 		}
 		first := (b.Addr - h.base + h.gran - 1) / h.gran
 		end := (b.Addr + b.Size - h.base) / h.gran
-		// Only one-page mappings move: a larger physical allocation
-		// (vmm.go maps growths whole) cannot be unmapped in part.
 		for _, r := range runs(h.mapped, first, end, true) {
 			for pg := r[0]; pg < r[0]+r[1]; {
 				s := uint64(h.start[pg])
 				k := h.mappingLen(s)
-				if s >= first && s+k <= end && k == 1 {
-					free = append(free, run{s, 1, b.Size})
+				if s >= first && s+k <= end {
+					if n := len(free); k == 1 && n > 0 && free[n-1].unit && free[n-1].first+free[n-1].n == s {
+						free[n-1].n++ // one cuMemUnmap for the run
+					} else {
+						free = append(free, run{s, k, b.Size, k == 1})
+					}
 				}
 				pg = s + k
 			}
@@ -202,7 +216,10 @@ func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
 		if moved >= limit {
 			break
 		}
-		n := min(r.n, (limit-moved+h.gran-1)/h.gran)
+		n := r.n
+		if r.unit {
+			n = min(n, (limit-moved+h.gran-1)/h.gran)
+		}
 		if err := h.unmap(r.first+r.n-n, n, true); err != nil {
 			return moved, err
 		}

@@ -84,7 +84,8 @@ func shareRatio(jobs []*shareJob) float64 {
 
 // K identical processes with MaxFraction 1/K, oversubscribed 1.5×, end
 // with equal shares whether they start together or one after another, and
-// none fails while its live bytes are within 90% of its share.
+// at most 1% of a VMM pool's failures come while its live bytes are
+// within 90% of its share.
 func TestKProcessesGetEqualShares(t *testing.T) {
 	const capacity = 2 * giB
 	for _, k := range []int{2, 3, 4} {
@@ -133,8 +134,11 @@ func TestKProcessesGetEqualShares(t *testing.T) {
 					if be == BackendVMM {
 						// Chunk pools cannot move memory between chunks: a
 						// request may fail for want of a contiguous chunk.
+						// A VMM pool under pressure maps large handles
+						// (Pool.setFine), which move only whole: rarely, a
+						// request within 90% of the share fails.
 						for i, j := range jobs {
-							assert.Zero(t, j.failedUnder, "proc %d failed while within 90%% of its share", i)
+							assert.LessOrEqual(t, j.failedUnder, j.ooms/100, "proc %d failed while within 90%% of its share", i)
 						}
 					}
 					for _, j := range jobs {
@@ -277,4 +281,37 @@ func TestMayRecycleUnderPressure(t *testing.T) {
 	require.False(t, p.mayRecycle(10*miB), "95% right after a failure")
 	p.c.allocs += recyclePressureAllocs
 	require.True(t, p.mayRecycle(10*miB), "the failure is old")
+}
+
+// A capped pool under pressure (an allocation failed lately) moves memory
+// in large handles: the one-page handles it takes from under free blocks
+// are released, and the request's pages are mapped as one handle, not one
+// cuMemMap per 2 MiB page.
+func TestUnderPressureMemoryMovesInLargeHandles(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 256 * miB, Cache: CacheOptions{Disable: true}})
+	var ptrs []uintptr
+	for range 8 {
+		ptr, err := p.Alloc(32 * miB)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	before := p.Stats()
+	_, err := p.Alloc(32 * miB)
+	require.ErrorIs(t, err, ErrOutOfMemory, "at the cap: the pool is under pressure")
+	assert.Equal(t, withoutCounters(before), withoutCounters(p.Stats()), "the failure changed nothing")
+	for i := 0; i < len(ptrs); i += 2 {
+		require.NoError(t, p.Free(ptrs[i]))
+	}
+	before = p.Stats()
+	big, err := p.Alloc(64 * miB)
+	require.NoError(t, err, "within 90% of the cap: gathered from the free pieces")
+	after := p.Stats()
+	calls := func(c device.Call) uint64 { return after.DeviceCalls[c] - before.DeviceCalls[c] }
+	assert.LessOrEqual(t, calls(device.CallMemMap), uint64(3), "64 MiB mapped as a few handles, not 32 pages: %v", after.DeviceCalls)
+	assert.LessOrEqual(t, calls(device.CallMemCreate), uint64(3))
+	assert.LessOrEqual(t, after.Reserved, uint64(256*miB))
+	require.NoError(t, sd.MemsetD32(big, 1, wordCount(64*miB)))
+	checkStep(t, p, d)
 }

@@ -28,10 +28,13 @@ import (
 // by 34 MiB at a time pays for one handle, not 17. The price is release
 // granularity: cuMemUnmap must cover whole mappings, so a handle is
 // released only when all of its pages lie under free blocks. Where that
-// matters, the pool asks for one-page handles (fine): when it runs near
-// its cap, or recycles pages under ReleaseFraction, as the smallest
+// matters, the pool asks for one-page handles (fine): in a capped pool,
+// or one that recycles pages under ReleaseFraction, as the smallest
 // feasible cap needs memory to move at the finest granularity the driver
-// allows.
+// allows (Pool.setFine says when, and when not). Holes under a block
+// mapped again while the heap is not fine get large handles inside the
+// block and one-page handles for its first and last page, which it may
+// share with its neighbours.
 type vmmHeap struct {
 	dev     *counted
 	x       *tlsf.Index
@@ -140,7 +143,7 @@ func (h *vmmHeap) grow(need, want uint64) error {
 		return err
 	}
 	first := (h.end - h.base) / h.gran
-	n, err := h.mapRun(first, want/h.gran, need/h.gran)
+	n, err := h.mapRun(first, want/h.gran, need/h.gran, 0, ^uint64(0))
 	if err != nil {
 		return err
 	}
@@ -164,7 +167,7 @@ func (h *vmmHeap) grow(need, want uint64) error {
 // page each when fine). A handle larger than a page that the driver
 // refuses is tried again as one-page handles: the device may have the
 // pages but not in one piece. It returns how many pages it mapped.
-func (h *vmmHeap) mapRun(first, n, least uint64) (uint64, error) {
+func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 	var done uint64
 	var err error
 	for done < n {
@@ -176,8 +179,8 @@ func (h *vmmHeap) mapRun(first, n, least uint64) (uint64, error) {
 			mh = h.spares[len(h.spares)-1]
 			h.spares = h.spares[:len(h.spares)-1]
 		} else {
-			if !h.fine {
-				k = min(n-done, maxHandlePages)
+			if !h.fine && p >= lo && p < hi {
+				k = min(n-done, hi-p, maxHandlePages)
 			}
 			mh, err = h.dev.MemCreate(k * h.gran)
 			if err != nil && k > 1 {
@@ -288,8 +291,9 @@ func (h *vmmHeap) unmapRun(first, n uint64) error {
 }
 
 // unmap unmaps pages [first, first+n), all mapped and made of whole
-// mappings, and releases their physical memory, or, with keep, keeps the
-// one-page handles among them as spares.
+// mappings, and releases their physical memory, or, with keep while the
+// heap maps one-page handles (fine), keeps the one-page handles among
+// them as spares.
 func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 	if n == 0 {
 		return nil
@@ -300,7 +304,7 @@ func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 	}
 	for p := first; p < first+n; {
 		k := h.mappingLen(p)
-		if keep && k == 1 {
+		if keep && k == 1 && h.fine {
 			h.spares = append(h.spares, h.handles[p])
 		} else {
 			h.releaseHandle(h.handles[p], k)
@@ -399,10 +403,15 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 		return err
 	}
 	first, end := h.pages(b)
+	// Pages wholly inside b may share handles (they are freed together);
+	// its first and last, which it may share with its neighbours, get
+	// one-page handles, so that they can move apart.
+	lo := (b.Addr - h.base + h.gran - 1) / h.gran
+	hi := (b.Addr + b.Size - h.base) / h.gran
 	var mappedNow [][2]uint64
 	for _, hole := range runs(h.mapped, first, end, false) {
 		p, q := hole[0], hole[0]+hole[1]
-		if _, err := h.mapRun(p, q-p, q-p); err != nil {
+		if _, err := h.mapRun(p, q-p, q-p, lo, hi); err != nil {
 			for _, r := range mappedNow {
 				if h.unmapRun(r[0], r[1]) == nil {
 					h.holes += r[1]
@@ -443,7 +452,8 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 		}
 	}
 	// Whole mappings lying under free blocks (with keep, one-page ones
-	// only: a larger handle is released, not moved).
+	// only, unless the heap maps large handles now: a larger handle is
+	// released, not kept).
 	type run struct{ first, n, blockSize uint64 }
 	var free []run
 	var top uint64 = ^uint64(0)
@@ -464,7 +474,7 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 			for p := r[0]; p < r[0]+r[1]; {
 				s := uint64(h.start[p])
 				k := h.mappingLen(s)
-				if s >= first && s+k <= end && (!keep || k == 1) {
+				if s >= first && s+k <= end && (!keep || k == 1 || !h.fine) {
 					free = append(free, run{s, k, b.Size})
 				}
 				p = s + k
