@@ -165,11 +165,14 @@ func (h *vmmHeap) grow(need, want uint64) error {
 // else none), then grants access to the whole run. Spares map first, a
 // page each; the rest maps as handles of up to maxHandlePages pages (one
 // page each when fine). A handle larger than a page that the driver
-// refuses is tried again as one-page handles: the device may have the
-// pages but not in one piece. It returns how many pages it mapped.
+// refuses is tried again as one-page handles, as is the rest of the run:
+// the device may have the pages but not in one piece (under contention
+// between processes, asking again for a large one would fail again).
+// It returns how many pages it mapped.
 func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 	var done uint64
 	var err error
+	refused := false // the driver refused a larger handle: one-page ones from now on
 	for done < n {
 		p := first + done
 		var mh device.MemHandle
@@ -179,12 +182,12 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 			mh = h.spares[len(h.spares)-1]
 			h.spares = h.spares[:len(h.spares)-1]
 		} else {
-			if !h.fine && p >= lo && p < hi {
+			if !h.fine && !refused && p >= lo && p < hi {
 				k = min(n-done, hi-p, maxHandlePages)
 			}
 			mh, err = h.dev.MemCreate(k * h.gran)
 			if err != nil && k > 1 {
-				k = 1
+				k, refused = 1, true
 				mh, err = h.dev.MemCreate(h.gran)
 			}
 			if err != nil {
