@@ -618,10 +618,10 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 // memory on every few requests (tlsf-stress multi: about 94 MiB a
 // request, blocks of 1/4096 to 1/16 of its share), and a move costs a
 // cuMemMap per handle: 47 driver calls per operation with one-page
-// handles. With large handles, 9.2, 6.3, 5.0 for K = 2, 3, 4 processes
-// over 20,000 operations on the simulated H200 (3.5 over 80,000 for K =
-// 2; most of the rest is the one-page handles mapped before the first
-// failure, released once). The price: a large handle moves only when no
+// handles. With large handles, 9.6–10.1, 6.9–7.3, 5.7–6.4 for K = 2, 3, 4
+// processes over 20,000 operations on the simulated H200 (3.5–4.3 over
+// 80,000 for K = 2: much of the rest is the one-page handles mapped before
+// the first failure, released once); on the H200, 10.6–17.9 (15 s each). The price: a large handle moves only when no
 // block uses any of it, so such a job may fail a request that a pool of
 // one-page handles would have served (in the sharing tests, 12 of 11,974
 // failed requests came while the job's live memory was within 90% of its

@@ -253,9 +253,11 @@ func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
 // above recycleLiveFraction of its cap, and a request that does not fit
 // in mapped free memory fails at once. A job that never fails behaves as
 // if the rule did not exist (min caps 1.009, 1.004, 1.005 × peak live on
-// the simulated H200). With it, multi makes 11–38 driver calls per
-// operation on the H200 (K = 2, 3, 4) and 3–7 on the simulated H200, where
-// gathering always made 44–229 and 16.
+// the simulated H200). With it and large handles under pressure
+// (Pool.setFine), multi makes 10.6–17.9 driver calls per operation on the
+// H200 (K = 2, 3, 4, 15 s each; 11–38 with one-page handles, 44–229
+// gathering always) and 5.7–10.1 on the simulated H200 (20,000
+// operations; 47–93 with one-page handles).
 const (
 	recycleLiveFraction = 0.9
 	// recyclePressureAllocs: 256 allocations, a few training steps of the
