@@ -242,15 +242,8 @@ func TestTheOutOfMemoryPathMovesOnlyWhatIsNeeded(t *testing.T) {
 	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 256 * miB, Cache: CacheOptions{Disable: true}})
 	// Fill the cap with 32 blocks of 8 MiB, free every other one: 128 MiB
 	// free in 8 MiB pieces, none of them 16 MiB long.
-	var ptrs []uintptr
-	for range 32 {
-		ptr, err := p.Alloc(8 * miB)
-		require.NoError(t, err)
-		ptrs = append(ptrs, ptr)
-	}
-	for i := 0; i < len(ptrs); i += 2 {
-		require.NoError(t, p.Free(ptrs[i]))
-	}
+	ptrs := allocBlocks(t, p, 32, 8*miB)
+	freeEveryOther(t, p, ptrs)
 	before := p.Stats()
 	big, err := p.Alloc(16 * miB)
 	require.NoError(t, err, "gathered from the free pieces")
@@ -291,19 +284,12 @@ func TestUnderPressureMemoryMovesInLargeHandles(t *testing.T) {
 	sd := sim.New(sim.Config{Capacity: giB})
 	d := onSim(sd)
 	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 256 * miB, Cache: CacheOptions{Disable: true}})
-	var ptrs []uintptr
-	for range 8 {
-		ptr, err := p.Alloc(32 * miB)
-		require.NoError(t, err)
-		ptrs = append(ptrs, ptr)
-	}
+	ptrs := allocBlocks(t, p, 8, 32*miB)
 	before := p.Stats()
 	_, err := p.Alloc(32 * miB)
 	require.ErrorIs(t, err, ErrOutOfMemory, "at the cap: the pool is under pressure")
 	assert.Equal(t, withoutCounters(before), withoutCounters(p.Stats()), "the failure changed nothing")
-	for i := 0; i < len(ptrs); i += 2 {
-		require.NoError(t, p.Free(ptrs[i]))
-	}
+	freeEveryOther(t, p, ptrs)
 	before = p.Stats()
 	big, err := p.Alloc(64 * miB)
 	require.NoError(t, err, "within 90% of the cap: gathered from the free pieces")
@@ -314,4 +300,24 @@ func TestUnderPressureMemoryMovesInLargeHandles(t *testing.T) {
 	assert.LessOrEqual(t, after.Reserved, uint64(256*miB))
 	require.NoError(t, sd.MemsetD32(big, 1, wordCount(64*miB)))
 	checkStep(t, p, d)
+}
+
+// allocBlocks allocates n blocks of size bytes from p.
+func allocBlocks(t *testing.T, p *Pool, n int, size uint64) []uintptr {
+	t.Helper()
+	ptrs := make([]uintptr, n)
+	for i := range ptrs {
+		var err error
+		ptrs[i], err = p.Alloc(size)
+		require.NoError(t, err)
+	}
+	return ptrs
+}
+
+// freeEveryOther frees ptrs[0], ptrs[2], ...
+func freeEveryOther(t *testing.T, p *Pool, ptrs []uintptr) {
+	t.Helper()
+	for i := 0; i < len(ptrs); i += 2 {
+		require.NoError(t, p.Free(ptrs[i]))
+	}
 }
