@@ -443,6 +443,7 @@ func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
 		return p.outOfMemory(size, align, err)
 	}
 	p.c.retries++
+	p.oom.skips = 0
 	p.flushCaches()
 	_ = p.pollPending(true)
 	if b, err := p.searchRecycling(size, align); err == nil || !retryable(err) {
@@ -621,9 +622,10 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 // handles. With large handles, 9.6–10.1, 6.9–7.3, 5.7–6.4 for K = 2, 3, 4
 // processes over 20,000 operations on the simulated H200 (3.5–4.3 over
 // 80,000 for K = 2: much of the rest is the one-page handles mapped before
-// the first failure, released once); on the H200, 10.6–17.9 (15 s each). The price: a large handle moves only when no
-// block uses any of it, so such a job may fail a request that a pool of
-// one-page handles would have served (in the sharing tests, 12 of 11,974
+// the first failure, released once); on the H200, 10.6–17.9 (15 s
+// each). The price: a large handle moves only when no block uses any of
+// it, so such a job may fail a request that a pool of
+// one-page handles would have served (in the sharing tests, 1 of 11,969
 // failed requests came while the job's live memory was within 90% of its
 // share; none in a job that fails no allocation).
 func (p *Pool) setFine() {
@@ -1028,7 +1030,7 @@ func (p *Pool) makeRoom(k uint64) error {
 	if p.backend == BackendChunks {
 		p.noteReleased(n)
 	} else {
-		p.c.recycledBytes += n
+		p.noteMoved(n)
 	}
 	return err
 }
@@ -1046,6 +1048,20 @@ func (p *Pool) releaseUnused(limit uint64) (uint64, error) {
 	n, err := p.heap.release(limit, false)
 	p.noteReleased(n)
 	return n, err
+}
+
+// noteMoved counts n bytes a VMM heap unmapped to move them: those it
+// released instead of keeping (vmmHeap.dropped) as a release, the rest
+// as recycled.
+func (p *Pool) noteMoved(n uint64) {
+	h, ok := p.heap.(*vmmHeap)
+	if !ok {
+		return
+	}
+	d := min(h.dropped, n)
+	h.dropped = 0
+	p.c.recycledBytes += n - d
+	p.noteReleased(d)
 }
 
 // noteReleased counts a release of n bytes to the driver.

@@ -20,7 +20,7 @@ package pool
 //     (placeMapped); where that block lies partly on released pages, and
 //     moving pages is worth it (mayRecycle: below 90% of the cap, or no
 //     allocation failed lately), it
-//     moves exactly the pages the block lacks from under other free
+//     moves the pages the block lacks from under other free
 //     blocks (the smallest first, recycle) to the spares, unmapped but
 //     kept (cuMemUnmap), and maps them under the block (cuMemMap,
 //     cuMemSetAccess; no cuMemRelease and cuMemCreate); under pressure
@@ -85,13 +85,19 @@ func (p *Pool) rememberOOM(size uint64) {
 	if p.oom.size != 0 && p.oom.frees == p.c.frees {
 		s = min(s, p.oom.size)
 	}
-	p.oom = oomMemo{size: s, frees: p.c.frees}
+	skips := 0
+	if p.oom.frees == p.c.frees {
+		skips = p.oom.skips // allocMiss resets it when the whole path runs
+	}
+	p.oom = oomMemo{size: s, frees: p.c.frees, skips: skips}
 }
 
 // releaseFor makes room for a request of size bytes aligned to align
 // after it failed: a VMM pool moves the pages of at most what the request
-// needs to its spares; a chunk pool frees wholly free chunks up to that
-// amount. It returns the bytes moved or freed.
+// needs to its spares (under pressure, or where they are in handles of
+// more than a page, it releases them: Pool.setFine); a chunk pool frees
+// wholly free chunks up to that amount. It returns the bytes moved or
+// freed.
 func (p *Pool) releaseFor(size, align uint64) (uint64, error) {
 	if p.heap == nil {
 		return 0, nil
@@ -108,7 +114,7 @@ func (p *Pool) releaseFor(size, align uint64) (uint64, error) {
 		return n, err
 	}
 	n, err := p.heap.release(need, true)
-	p.c.recycledBytes += n
+	p.noteMoved(n)
 	return n, err
 }
 
@@ -116,9 +122,10 @@ func (p *Pool) releaseFor(size, align uint64) (uint64, error) {
 // found lies partly on released pages (holes) and mapping them would cross
 // the cap or the device has too little free memory, it first moves as
 // many pages as the holes lack (beyond the spares) from under other free
-// blocks to the spares. The block is allocated in the index meanwhile, so
-// its own pages are not taken. On error the index is unchanged (moved
-// pages stay spares, counted as reserved).
+// blocks to the spares (or releases them: recycle). The block is
+// allocated in the index meanwhile, so its own pages are not taken. On
+// error the index is unchanged (moved pages stay spares, counted as
+// reserved, or were released).
 func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 	h, vmm := p.heap.(*vmmHeap)
 	if !vmm {
@@ -144,7 +151,7 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 		if rerr == nil {
 			var n uint64
 			n, rerr = h.recycle(short)
-			p.c.recycledBytes += n
+			p.noteMoved(n)
 		}
 		if rerr != nil {
 			_, _ = p.x.Free(b.Addr)
@@ -166,11 +173,12 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 	return b, nil
 }
 
-// recycle moves the physical pages of up to limit bytes lying wholly under
+// recycle moves the physical pages of about limit bytes lying wholly under
 // free blocks out of the way (cuMemUnmap, one call per run of adjacent
-// mappings; one-page handles are kept as spares where the heap maps
-// one-page handles, the others released), taking whole mappings from the
-// smallest free blocks first: a small free block is the
+// one-page mappings or per larger mapping; one-page handles are kept as
+// spares where the heap is fine, the others released), taking whole
+// mappings from the smallest free blocks first (a larger mapping moves
+// whole, so the bytes moved may pass limit by less than one mapping): a small free block is the
 // least use to the next request, a large one the most, and emptying it
 // would only make the next large request move its pages back. Unlike
 // release, it takes pages from the free top of the heap too: the block

@@ -321,3 +321,51 @@ func freeEveryOther(t *testing.T, p *Pool, ptrs []uintptr) {
 		require.NoError(t, p.Free(ptrs[i]))
 	}
 }
+
+// Large handles mapped under pressure still move once the pressure is
+// over (the pool maps one-page handles again): the out-of-memory path
+// releases them rather than leaving them stranded, counts that as a
+// release, and the request is served.
+func TestLargeHandlesFromPressureMoveAfterIt(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 256 * miB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	p.mu.Lock()
+	p.pressure = p.c.allocs + 1 // as after a failed allocation
+	p.mu.Unlock()
+	var ptrs []uintptr
+	for _, n := range []uint64{96, 32, 96, 32} {
+		ptr, err := p.Alloc(n * miB)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	freeEveryOther(t, p, ptrs)
+	p.mu.Lock()
+	p.pressure = 0 // as recyclePressureAllocs allocations later
+	p.mu.Unlock()
+	before := p.Stats()
+	big, err := p.Alloc(128 * miB)
+	require.NoError(t, err, "192 MiB in use of a 256 MiB cap: the 96 MiB handles moved")
+	after := p.Stats()
+	assert.Positive(t, after.ReleasedBytes-before.ReleasedBytes, "the large handles went back to the driver")
+	assert.LessOrEqual(t, after.Reserved, uint64(256*miB))
+	require.NoError(t, sd.MemsetD32(big, 1, wordCount(128*miB)))
+	checkStep(t, p, d)
+}
+
+// A remembered failure fails at most oomMemoSkips requests in a row
+// without a free: then the whole out-of-memory path runs again.
+func TestARememberedFailureIsRetriedAfterSkips(t *testing.T) {
+	d := onSim(sim.New(sim.Config{Capacity: giB}))
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 64 * miB, Cache: CacheOptions{Disable: true}})
+	ptr, err := p.Alloc(48 * miB)
+	require.NoError(t, err)
+	retries := p.Stats().Retries
+	for range 2*(oomMemoSkips+1) + 1 {
+		_, err := p.Alloc(32 * miB)
+		require.ErrorIs(t, err, ErrOutOfMemory)
+	}
+	assert.Equal(t, retries+3, p.Stats().Retries, "the whole path ran once, then after each %d skips", oomMemoSkips)
+	require.NoError(t, p.Free(ptr))
+	checkStep(t, p, d)
+}

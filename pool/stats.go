@@ -66,8 +66,11 @@ type Stats struct {
 	// returned memory to the driver, ReleasedBytes the bytes returned.
 	Grows, Releases, ReleasedBytes uint64
 	// RecycledBytes is the physical memory a VMM pool moved between
-	// addresses under ReleaseFraction (unmapped under free blocks, mapped
-	// where needed), in bytes since New.
+	// addresses, kept while unmapped (under ReleaseFraction, or on the
+	// out-of-memory path of a capped pool: unmapped under free blocks,
+	// mapped where needed), in bytes since New. Memory unmapped to move
+	// and released instead (handles of more than a page, or a pool under
+	// pressure) counts in Releases and ReleasedBytes.
 	RecycledBytes uint64
 	// ScavengedBytes is the device memory the background scavenger
 	// returned because the device ran low (FreeFloorFraction; included in

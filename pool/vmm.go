@@ -45,9 +45,16 @@ type vmmHeap struct {
 	handles []device.MemHandle // by page: the handle mapped over it; valid where mapped
 	start   []uint32           // by page: the first page of its mapping; valid where mapped
 	mapped  []bool             // by page
-	// fine: the next mappings use one-page handles (set by the pool before
-	// it grows or backs: near its cap, or under ReleaseFraction).
-	fine    bool
+	// fine: the next mappings use one-page handles, and one-page handles
+	// unmapped with keep become spares (set by the pool before it grows,
+	// backs or moves pages: Pool.setFine says when). Otherwise mappings
+	// use handles of up to maxHandlePages pages and unmapped handles are
+	// released.
+	fine bool
+	// dropped counts bytes released to the driver by unmaps asked to keep
+	// their memory (multi-page handles, or any while not fine), for the
+	// pool's statistics (Pool.noteMoved).
+	dropped uint64
 	nMapped uint64 // pages mapped
 	holes   uint64 // unmapped pages below end
 	// orphans are physical allocations unmapped or never mapped whose
@@ -163,16 +170,17 @@ func (h *vmmHeap) grow(need, want uint64) error {
 
 // mapRun maps up to n pages from page first (at least least of them,
 // else none), then grants access to the whole run. Spares map first, a
-// page each; the rest maps as handles of up to maxHandlePages pages (one
-// page each when fine). A handle larger than a page that the driver
-// refuses is tried again as one-page handles, as is the rest of the run:
-// the device may have the pages but not in one piece (under contention
-// between processes, asking again for a large one would fail again).
-// It returns how many pages it mapped.
+// page each; the rest maps as handles of up to maxHandlePages pages where
+// the heap is not fine and the pages lie in [lo, hi), else one page each.
+// A handle larger than a page that the driver refuses is tried again at
+// half the size, down to one page, and the rest of the run keeps the
+// smaller size: the device may have the pages but not in one piece (under
+// contention between processes, asking again for the larger size would
+// fail again). It returns how many pages it mapped.
 func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 	var done uint64
 	var err error
-	refused := false // the driver refused a larger handle: one-page ones from now on
+	most := uint64(maxHandlePages) // pages per handle; halved when the driver refuses
 	for done < n {
 		p := first + done
 		var mh device.MemHandle
@@ -182,13 +190,14 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 			mh = h.spares[len(h.spares)-1]
 			h.spares = h.spares[:len(h.spares)-1]
 		} else {
-			if !h.fine && !refused && p >= lo && p < hi {
-				k = min(n-done, hi-p, maxHandlePages)
+			if !h.fine && p >= lo && p < hi {
+				k = min(n-done, hi-p, most)
 			}
 			mh, err = h.dev.MemCreate(k * h.gran)
-			if err != nil && k > 1 {
-				k, refused = 1, true
-				mh, err = h.dev.MemCreate(h.gran)
+			for err != nil && k > 1 {
+				most = max(k/2, 1)
+				k = most
+				mh, err = h.dev.MemCreate(k * h.gran)
 			}
 			if err != nil {
 				break
@@ -310,6 +319,9 @@ func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 		if keep && k == 1 && h.fine {
 			h.spares = append(h.spares, h.handles[p])
 		} else {
+			if keep {
+				h.dropped += k * h.gran
+			}
 			h.releaseHandle(h.handles[p], k)
 		}
 		for q := p; q < p+k; q++ {
@@ -431,8 +443,9 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 // release unmaps mapped pages that lie wholly inside free blocks, those of
 // the largest free blocks first (they are the least likely to be cut up
 // and reused soon), until limit bytes are released. With keep, it keeps
-// their physical memory as spares for the next mapping instead, and
-// reports the bytes so moved.
+// the one-page handles among them as spares for the next mapping instead
+// where the heap is fine (unmap; the rest is released and counted in
+// dropped), and reports the bytes so moved.
 func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 	if err := h.unmapStrays(); err != nil {
 		return 0, err
@@ -454,9 +467,9 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 			return released, err
 		}
 	}
-	// Whole mappings lying under free blocks (with keep, one-page ones
-	// only, unless the heap maps large handles now: a larger handle is
-	// released, not kept).
+	// Whole mappings lying under free blocks (with keep too: a larger
+	// handle is released, not kept; it must not be stranded once the pool
+	// maps one-page handles again).
 	type run struct{ first, n, blockSize uint64 }
 	var free []run
 	var top uint64 = ^uint64(0)
@@ -477,7 +490,7 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 			for p := r[0]; p < r[0]+r[1]; {
 				s := uint64(h.start[p])
 				k := h.mappingLen(s)
-				if s >= first && s+k <= end && (!keep || k == 1 || !h.fine) {
+				if s >= first && s+k <= end {
 					free = append(free, run{s, k, b.Size})
 				}
 				p = s + k
