@@ -622,8 +622,8 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 // handles. With large handles, 9.6–10.1, 6.9–7.3, 5.7–6.4 for K = 2, 3, 4
 // processes over 20,000 operations on the simulated H200 (3.5–4.3 over
 // 80,000 for K = 2: much of the rest is the one-page handles mapped before
-// the first failure, released once); on the H200, 10.6–17.9 (15 s
-// each). The price: a large handle moves only when no block uses any of
+// the first failure, released once); on the H200, 9.2–13.5 (15 s
+// each; 7.4–7.8 over 60 s for K = 2). The price: a large handle moves only when no block uses any of
 // it, so such a job may fail a request that a pool of
 // one-page handles would have served (in the sharing tests, 1 of 11,969
 // failed requests came while the job's live memory was within 90% of its
