@@ -8,6 +8,7 @@ package pool
 
 import (
 	"testing"
+	"time"
 
 	"github.com/gpumem/tlsf/device/cuda"
 	"github.com/gpumem/tlsf/device/devicetest"
@@ -71,4 +72,52 @@ func TestGPUGuardCatchesOverrun(t *testing.T) {
 			require.NoError(t, p.Check())
 		})
 	}
+}
+
+// An idle pool with FreeFloorFraction returns its unused memory to another
+// pool on the same GPU through its background scavenger, without being
+// called: the neighbour's large request, failing at first, succeeds once
+// the scavenger has brought the device's free memory back to the floor.
+// The time it took is logged (the closing figure), not asserted.
+func TestGPUAnIdlePoolsMemoryReachesItsNeighbour(t *testing.T) {
+	dev := openGPU(t)
+	if !dev.VMMSupported() {
+		t.Skip("no VMM")
+	}
+	free0, total, err := dev.MemGetInfo()
+	require.NoError(t, err)
+	idle, err := New(dev, Options{Backend: BackendVMM, FreeFloorFraction: 0.5})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, idle.Close()) }()
+	var ptrs []uintptr
+	for free := free0; free > total*3/10+giB; {
+		ptr, err := idle.Alloc(giB)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+		free, _, err = dev.MemGetInfo()
+		require.NoError(t, err)
+	}
+	for _, ptr := range ptrs {
+		require.NoError(t, idle.Free(ptr))
+	}
+	held := idle.Stats().Reserved
+	start := time.Now()
+	busy, err := New(dev, Options{Backend: BackendVMM})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, busy.Close()) }()
+	want := total * 4 / 10
+	var ptr uintptr
+	tries := 0
+	for ; tries < 1000; tries++ {
+		if ptr, err = busy.Alloc(want); err == nil {
+			break
+		}
+		require.ErrorIs(t, err, ErrOutOfMemory)
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, err, "the idle pool's memory came back")
+	st := idle.Stats()
+	t.Logf("idle pool held %.1f GiB unused; a %.1f GiB request on its neighbour succeeded after %v (%d failed tries); the scavenger returned %.1f GiB",
+		float64(held)/float64(giB), float64(want)/float64(giB), time.Since(start), tries, float64(st.ScavengedBytes)/float64(giB))
+	require.NoError(t, busy.Free(ptr))
 }

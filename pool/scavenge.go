@@ -17,22 +17,27 @@ package pool
 // # Pace
 //
 // The scavenger wakes every scavengePeriod (10 ms). Each wake makes one
-// cuMemGetInfo; below the floor, it takes the pool's lock and returns up
-// to scavengeStep bytes (64 MiB; at least one whole handle), those under
-// the largest free blocks first (vmmHeap.release), and when the heap
-// alone has too little, the per-P caches' blocks too. So memory goes back
-// at up to 6.4 GiB/s, and a process that starts after this one went idle
-// finds a few GiB within the second.
+// cuMemGetInfo; below the floor, it takes the pool's lock and returns the
+// shortfall, scavengeStep bytes (64 MiB) at a time, those under the
+// largest free blocks first (vmmHeap.release), and when the heap alone
+// has too little, the per-P caches' blocks too, until the wake has made
+// scavengeCalls driver calls. The bound is on driver work, not bytes: the
+// driver's cost is per handle (vmm.go), so a wake returns 64 MiB of
+// one-page handles (a capped pool's) or up to 4 GiB of 128 MiB handles
+// (an uncapped pool's growths). So memory goes back at 6.4 GiB/s to
+// 400 GiB/s, and a process that starts after this one went idle finds
+// tens of GiB within the second.
 //
 // # Cost
 //
 // Above the floor: one cuMemGetInfo per wake, about 2.5 µs on an H200,
-// 0.025% of one CPU, under the pool's lock (held for that call alone). Below it: the pool's lock for one step,
-// a walk of the index (about 10 ns per block) plus the driver's time for
-// what it returns: 32 one-page handles at most (about 30 µs each to unmap
-// and release on an H200, 1 ms in all, a tenth of the period), or one or
-// two large handles (under 0.2 ms). Callers wait for the lock that long
-// at most, once per period, and only while the device is short of
+// 0.025% of one CPU, under the pool's lock (held for that call alone).
+// Below it: the pool's lock for one wake, a walk of the index per 64 MiB
+// (about 10 ns per block) plus the driver's time for at most
+// scavengeCalls calls: 32 one-page handles (about 30 µs each to unmap and
+// release on an H200, 1 ms in all, a tenth of the period), or 32 handles
+// of 128 MiB (about 75 µs each, 2.4 ms). Callers wait for the lock that
+// long at most, once per period, and only while the device is short of
 // memory.
 //
 // The scavenger runs only with FreeFloorFraction > 0 (and not
@@ -49,9 +54,12 @@ const (
 	// scavengePeriod: a wake every 10 ms finds a shortage within 10 ms for
 	// 100 cuMemGetInfo calls a second (see Cost above).
 	scavengePeriod = 10 * time.Millisecond
-	// scavengeStep: bytes returned per wake at most, so that a step holds
-	// the pool's lock for about 1 ms at worst (see Cost above).
+	// scavengeStep: bytes asked of the heap at a time within a wake.
 	scavengeStep = 64 << 20
+	// scavengeCalls: driver calls per wake, after which the wake stops
+	// (it may pass the bound by one step's calls), so that a wake holds
+	// the pool's lock for a few ms at worst (see Cost above).
+	scavengeCalls = 64
 )
 
 // scavenger is the background goroutine's handle.
@@ -99,11 +107,11 @@ func (sc *scavenger) halt() {
 	<-sc.done
 }
 
-// scavengeLocked is one step of the scavenger: if the device's free
-// memory is below FreeFloorFraction × total, return up to scavengeStep
-// bytes of unused memory (the shortfall, if less), the per-P caches'
-// blocks too if the heap alone has not enough. It returns the bytes
-// returned. Pool lock held.
+// scavengeLocked is one wake of the scavenger: if the device's free
+// memory is below FreeFloorFraction × total, return unused memory up to
+// the shortfall, scavengeStep bytes at a time, the per-P caches' blocks
+// too if the heap alone has not enough, until about scavengeCalls driver
+// calls are made. It returns the bytes returned. Pool lock held.
 func (p *Pool) scavengeLocked() (uint64, error) {
 	free, total, err := p.dev.MemGetInfo()
 	if err != nil {
@@ -113,15 +121,25 @@ func (p *Pool) scavengeLocked() (uint64, error) {
 	if free >= floor {
 		return 0, nil
 	}
-	want := min(floor-free, scavengeStep)
-	n, err := p.releaseUnused(want)
-	if err != nil || n >= want || p.cache == nil {
-		p.c.scavenged += n
-		return n, err
+	want := floor - free
+	start := p.dev.counts().Total()
+	var n uint64
+	flushed := p.cache == nil
+	for n < want && p.dev.counts().Total()-start < scavengeCalls {
+		m, err := p.releaseUnused(min(want-n, scavengeStep))
+		n += m
+		if err != nil {
+			p.c.scavenged += n
+			return n, err
+		}
+		if m == 0 {
+			if flushed {
+				break
+			}
+			p.flushCaches()
+			flushed = true
+		}
 	}
-	p.flushCaches()
-	m, err := p.releaseUnused(want - n)
-	n += m
 	p.c.scavenged += n
-	return n, err
+	return n, nil
 }

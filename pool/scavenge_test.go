@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/tlsf/device/sim"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -88,6 +89,34 @@ func TestScavengerStepsArePaced(t *testing.T) {
 	p.mu.Unlock()
 	require.NoError(t, err)
 	require.Equal(t, uint64(scavengeStep), n, "one step returns scavengeStep of one-page handles")
+	checkStep(t, p, d)
+}
+
+// The pace is in driver calls, not bytes: an uncapped pool's memory is in
+// large handles, and one wake returns GiBs of it to a neighbour.
+func TestScavengerReturnsLargeHandlesQuickly(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: 8 * giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, FreeFloorFraction: 0.5, NoScavenger: true})
+	ptrs := allocBlocks(t, p, 16, 256*miB)
+	for _, ptr := range ptrs {
+		require.NoError(t, p.Free(ptr))
+	}
+	op := sd.NewProcess()
+	other, err := op.MemAlloc(3 * giB)
+	require.NoError(t, err)
+	before := p.Stats().DeviceCalls.Total()
+	p.mu.Lock()
+	n, err := p.scavengeLocked()
+	p.mu.Unlock()
+	require.NoError(t, err)
+	calls := p.Stats().DeviceCalls.Total() - before
+	assert.GreaterOrEqual(t, n, uint64(2*giB), "one wake: 2 GiB or more")
+	assert.LessOrEqual(t, calls, uint64(scavengeCalls+8), "within the wake's driver calls")
+	free, total, err := sd.MemGetInfo()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, free, total/2, "the floor is met")
+	require.NoError(t, op.MemFree(other))
 	checkStep(t, p, d)
 }
 
