@@ -38,18 +38,16 @@ import (
 //     that moved to another P finds the blocks it freed on the old one;
 //   - every idleScanEvery refills, the pool drains onto the central lists
 //     the caches of Ps that neither allocated nor freed since the last
-//     scan (a P that stopped allocating), and shares the cache budget
-//     among the Ps that did (active), not among all GOMAXPROCS of them;
+//     scan (a P that stopped allocating);
 //   - before the heap grows (allocMiss), the central lists and the caches
 //     of Ps not active since the last scan are drained into the index and
 //     the index searched again (reclaimOthers).
 //
 // Measured on the simulated H200 (peak reserved over peak live, ten runs
 // each): lstm 1.1418 and tdnn 1.1823 in every run at GOMAXPROCS 1, 2, 4
-// and 16; resnet50 1.0226 at GOMAXPROCS 1 and in 9 of 10 runs at 2 and
-// 16 (1.026–1.027 in the other), against 1.023–1.033 and one lstm run in
-// ten at 1.27–1.35 before the steal, the active share and reclaimOthers'
-// rule. What still differs is how blocks split between two Ps' stacks
+// and 16; resnet50 1.0226 at GOMAXPROCS 1 and 2 and in 5 of 10 runs at
+// 16 (1.0215–1.025 in the others), against 1.023–1.033 and one lstm run in
+// ten at 1.27–1.35 before the steal and reclaimOthers' rule. What still differs is how blocks split between two Ps' stacks
 // after a migration, and so when each sheds.
 //
 // A goroutine finds its P's cache with runtime.procPin, which also keeps
@@ -212,11 +210,6 @@ type cacheSet struct {
 	centralBytes  uint64
 	centralBlocks int64
 	refills       int // refills since New, for idleScanEvery
-	// active is the number of Ps that allocated or freed through their
-	// caches between the last two idle scans (at least 1): the budget is
-	// shared among them, not among all GOMAXPROCS Ps, so that one
-	// goroutine's pool sheds alike at any GOMAXPROCS. Pool lock.
-	active int
 }
 
 // cblock is a block on a central list: its address and index block ID.
@@ -238,7 +231,6 @@ func newCacheSet(p *Pool, o CacheOptions) *cacheSet {
 	}
 	c.central = make([][]cblock, maxClass+1)
 	c.share.Store(minShare)
-	c.active = 1
 	if h, ok := p.heap.(*vmmHeap); ok {
 		pages := h.vsize / h.gran
 		c.small = make([]atomic.Uint64, (pages+63)/64)
@@ -511,8 +503,8 @@ func (c *cacheSet) takeAll(keep func(i int, pc *pcache) bool) []uint64 {
 func (c *cacheSet) updateShare() {
 	budget := uint64(c.fraction * float64(c.p.reserved()))
 	// Store only a change: every P reads share on every free. The central
-	// lists hold one share too: active+1 shares in all.
-	if share := max(budget/uint64(c.active+1), minShare); share != c.share.Load() {
+	// lists hold one share too: len(ps)+1 shares in all.
+	if share := max(budget/uint64(len(c.ps)+1), minShare); share != c.share.Load() {
 		c.share.Store(share)
 	}
 }
@@ -635,17 +627,13 @@ func (c *cacheSet) steal(self, class, n int, r uint64) []tlsf.Block {
 
 // drainIdle moves onto the central lists the stacks of every cache but
 // P self's whose owner neither allocated nor freed since the last scan.
-// It also counts the Ps that did (active, for the share). Pool lock held.
+// Pool lock held.
 func (c *cacheSet) drainIdle(self int) {
-	active := 0
 	for i := range c.ps {
 		pc := &c.ps[i]
 		pc.lockWait()
 		ops := pc.allocs + pc.frees
 		idle := ops == pc.seen && i != self && pc.stackBlocks > 0
-		if ops != pc.seen || i == self {
-			active++
-		}
 		pc.seen = ops
 		var out []uint64
 		if idle {
@@ -660,7 +648,6 @@ func (c *cacheSet) drainIdle(self int) {
 			c.toCentral(out)
 		}
 	}
-	c.active = active
 }
 
 // giveBack returns a block that left a cache's stack to the index (or, in
