@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	_ "unsafe" // go:linkname
 
@@ -597,7 +598,8 @@ func (c *cacheSet) takeCentral(class, n int, r uint64) []tlsf.Block {
 // goroutine ran on after a migration changed the pool's placement and
 // its peak reserved (resnet50 on the simulated H200: 1.0226 at
 // GOMAXPROCS 1, 1.024–1.030 at 4 to 16). It costs one spin lock per P
-// per refill that the central list could not serve. Pool lock held.
+// per refill that the central list could not serve, held for an index
+// lookup per block taken. Pool lock held.
 func (c *cacheSet) steal(self, class, n int, r uint64) []tlsf.Block {
 	var out []tlsf.Block
 	for i := range c.ps {
@@ -608,19 +610,17 @@ func (c *cacheSet) steal(self, class, n int, r uint64) []tlsf.Block {
 		pc.lockWait()
 		st := pc.stacks[class]
 		k := min(n-len(out), len(st))
-		// A copy: the owner's next push reuses the stack's array.
-		taken := append([]uint64(nil), st[len(st)-k:]...)
+		// Read under the cache's lock: its owner's next push reuses the
+		// stack's array.
+		for _, a := range slices.Backward(st[len(st)-k:]) {
+			if b, err := c.p.x.Lookup(a); err == nil { // cached blocks are allocated in the index
+				out = append(out, tlsf.Block{Addr: b.Addr, Size: r, ID: b.ID})
+			}
+		}
 		pc.stacks[class] = st[:len(st)-k]
 		pc.stackBytes -= uint64(k) * r
 		pc.stackBlocks -= int64(k)
 		pc.unlock()
-		for j := len(taken) - 1; j >= 0; j-- {
-			b, err := c.p.x.Lookup(taken[j])
-			if err != nil {
-				continue // not reached: cached blocks are allocated in the index
-			}
-			out = append(out, tlsf.Block{Addr: b.Addr, Size: r, ID: b.ID})
-		}
 	}
 	return out
 }
