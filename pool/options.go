@@ -103,9 +103,11 @@ type Options struct {
 	// allocation, and a training loop's steps make no driver call once the
 	// first has run. Above 0, physical memory is mapped 2 MiB at a time
 	// and moves between steps: on an H200 a page moved costs about 50 µs
-	// (cuMemUnmap, cuMemMap, cuMemSetAccess), tens of µs per operation on
-	// the lstm and tdnn traces; measured on the simulated H200 on
-	// 2026-12-01, 0.03 gave 1.114, 1.023 and 1.183 × peak live (README).
+	// (cuMemUnmap, cuMemMap, cuMemSetAccess). Measured on the simulated
+	// H200 (2026-12-01, peak reserved over peak live after a cold and four
+	// warm replays; driver calls per operation in a warm replay): 0.03
+	// gave 1.038 (lstm, 0.42 calls), 1.023 (resnet50, none) and 1.031
+	// (tdnn, 0.66 calls); 0.01 gave 1.012 on resnet50 and tdnn.
 	// Unused memory is returned under pressure either way
 	// (FreeFloorFraction, out of memory) and by Trim.
 	ReleaseFraction float64

@@ -384,7 +384,7 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 		return b, err
 	}
 	if need := p.heap.unbacked(b); need > 0 {
-		if err := p.makeRoom(need); err != nil {
+		if err := p.makeRoom(need, false); err != nil {
 			_, _ = p.x.Free(b.Addr)
 			return tlsf.Block{}, err
 		}
@@ -561,7 +561,7 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	// The block grown into also covers the free top of the heap, whose
 	// pages may have been released: they count against the cap too.
 	tail := p.heap.unbackedTail()
-	if err := p.makeRoom(need + tail); err != nil {
+	if err := p.makeRoom(need+tail, true); err != nil {
 		return tlsf.Block{}, err
 	}
 	g := p.heap.granularity()
@@ -583,6 +583,11 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	want := roundUp(max(need, uint64(p.opts.GrowFraction*float64(free))), g)
 	if capped {
 		want = max(need, min(want, (limit-res-tail)/g*g))
+	}
+	if line, ok := p.releaseLine(need + tail); ok {
+		// ReleaseFraction bounds the growth too, not only what is
+		// mapped for the request.
+		want = max(need, min(want, (line-min(line, res+tail))/g*g))
 	}
 	p.setFine()
 	if need+tail > free+spare {
@@ -1005,34 +1010,63 @@ func (p *Pool) afterLockedFree() {
 // from unmapping memory between steps and mapping it again in the next:
 // memory it needed at its peak stays mapped, and only the excess that
 // fragmentation of the address range would add beyond it is recycled.
-func (p *Pool) makeRoom(k uint64) error {
-	f := p.opts.ReleaseFraction
-	if f <= 0 {
+func (p *Pool) makeRoom(k uint64, growing bool) error {
+	line, ok := p.releaseLine(k)
+	if !ok {
 		return nil
 	}
-	used := p.c.active
-	if p.cache != nil {
-		used += p.cache.sysBytes
-	}
-	peak := float64(max(p.c.activePeak, used+k))
+	used := p.used()
 	res := p.reserved()
-	if float64(res+k) <= (1+f)*peak {
+	if res+k <= line {
 		return nil
 	}
+	f := p.opts.ReleaseFraction
+	peak := float64(max(p.c.activePeak, used+k))
 	excess := res + k - min(res+k, uint64((1+f/2)*peak))
 	unused := res - min(res, used)
 	if err := p.ss.syncDirty(); err != nil {
 		return err
 	}
 	// Move the pages rather than return them: the mapping about to be
-	// made takes them back at once. (A chunk heap frees chunks.)
-	n, err := p.heap.release(min(excess, unused, k), true)
+	// made takes them back at once. (A chunk heap frees chunks.) Before a
+	// growth, not from the free top of the heap, which the growth covers;
+	// for holes under a block already placed, from anywhere (recycle).
+	var n uint64
+	var err error
+	if h, ok := p.heap.(*vmmHeap); ok && !growing {
+		n, err = h.recycle(min(excess, unused, k))
+	} else {
+		n, err = p.heap.release(min(excess, unused, k), true)
+	}
 	if p.backend == BackendChunks {
 		p.noteReleased(n)
 	} else {
 		p.noteMoved(n)
 	}
 	return err
+}
+
+// used is the memory in use: live and pending blocks, and blocks in
+// caches, in bytes.
+func (p *Pool) used() uint64 {
+	u := p.c.active
+	if p.cache != nil {
+		u += p.cache.sysBytes
+	}
+	return u
+}
+
+// releaseLine returns the most memory ReleaseFraction lets the pool
+// reserve once it maps k more bytes for a request: (1 + ReleaseFraction)
+// × the peak of memory in use, that request included; false when
+// ReleaseFraction is off.
+func (p *Pool) releaseLine(k uint64) (uint64, bool) {
+	f := p.opts.ReleaseFraction
+	if f <= 0 {
+		return 0, false
+	}
+	peak := float64(max(p.c.activePeak, p.used()+k))
+	return uint64((1 + f) * peak), true
 }
 
 // releaseUnused returns about limit bytes of device memory under free
