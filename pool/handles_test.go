@@ -69,3 +69,38 @@ func TestCappedAndRecyclingPoolsMapOnePageHandles(t *testing.T) {
 		})
 	}
 }
+
+// smallHandles is a device that refuses physical allocations above most
+// bytes, as a device shared with other processes refuses large ones.
+type smallHandles struct {
+	device.Device
+	most    uint64
+	refused int
+}
+
+func (d *smallHandles) MemCreate(size uint64) (device.MemHandle, error) {
+	if size > d.most {
+		d.refused++
+		return 0, device.ErrOutOfMemory
+	}
+	return d.Device.MemCreate(size)
+}
+
+// A refused handle size is remembered: later mappings ask for the smaller
+// size at once, and try the larger one again only after handleStreak
+// handles succeed, so refusals stay below one per handleStreak handles.
+func TestARefusedHandleSizeIsRemembered(t *testing.T) {
+	sd := sim.New(sim.Config{})
+	d := &smallHandles{Device: sd, most: 64 * miB}
+	p := openPool(t, testDevice{Device: d, sd: sd}, Options{Backend: BackendVMM, Cache: CacheOptions{Disable: true}})
+	const n = 40
+	for i := range n {
+		_, err := p.Alloc(128 * miB)
+		require.NoError(t, err, "alloc %d", i)
+	}
+	require.NoError(t, p.Check())
+	handles := int(creates(p)) - d.refused
+	require.Equal(t, 2*n, handles, "each 128 MiB block as two 64 MiB handles")
+	require.LessOrEqual(t, d.refused, 1+handles/8, "refused cuMemCreate calls (asking for the full size every time: one a block)")
+	require.Positive(t, d.refused)
+}

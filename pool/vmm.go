@@ -72,6 +72,12 @@ type vmmHeap struct {
 	// cuMemMap instead of also cuMemRelease and cuMemCreate. They count as
 	// reserved. (Larger handles are released, never kept.)
 	spares []device.MemHandle
+	// most is the largest handle, in pages, that the next mapping asks
+	// for (0: maxHandlePages): halved when the driver refuses a handle,
+	// doubled again after handleStreak handles of that size succeed
+	// (mapRun).
+	most   uint64
+	streak int
 	// note, when set (history on), is told of every run of pages mapped
 	// or unmapped: address and bytes (history.go).
 	note func(addr, size uint64, mapped bool)
@@ -168,19 +174,30 @@ func (h *vmmHeap) grow(need, want uint64) error {
 	return nil
 }
 
+// handleStreak is how many handles of the largest size the heap asks for
+// must succeed before it asks for twice that size again: at most one
+// refused cuMemCreate per handleStreak handles while the device cannot
+// give the larger size. Measured on the H200 (tlsf-stress multi, K = 2,
+// 45 s): asking for the full size at every mapping, a quarter of the
+// pool's cuMemCreate calls were refused.
+const handleStreak = 16
+
 // mapRun maps up to n pages from page first (at least least of them,
 // else none), then grants access to the whole run. Spares map first, a
-// page each; the rest maps as handles of up to maxHandlePages pages where
-// the heap is not fine and the pages lie in [lo, hi), else one page each.
-// A handle larger than a page that the driver refuses is tried again at
-// half the size, down to one page, and the rest of the run keeps the
-// smaller size: the device may have the pages but not in one piece (under
-// contention between processes, asking again for the larger size would
-// fail again). It returns how many pages it mapped.
+// page each; the rest maps as handles of up to h.most pages where the
+// heap is not fine and the pages lie in [lo, hi), else one page each. A
+// handle larger than a page that the driver refuses is tried again at
+// half the size, down to one page, and later mappings keep the smaller
+// size until handleStreak handles of it succeed: the device may have the
+// pages but not in one piece (under contention between processes, asking
+// again for the larger size would fail again). It returns how many pages
+// it mapped.
 func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 	var done uint64
 	var err error
-	most := uint64(maxHandlePages) // pages per handle; halved when the driver refuses
+	if h.most == 0 {
+		h.most = maxHandlePages
+	}
 	for done < n {
 		p := first + done
 		var mh device.MemHandle
@@ -191,16 +208,21 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 			h.spares = h.spares[:len(h.spares)-1]
 		} else {
 			if !h.fine && p >= lo && p < hi {
-				k = min(n-done, hi-p, most)
+				k = min(n-done, hi-p, h.most)
 			}
 			mh, err = h.dev.MemCreate(k * h.gran)
 			for err != nil && k > 1 {
-				most = max(k/2, 1)
-				k = most
+				h.most, h.streak = max(k/2, 1), 0
+				k = h.most
 				mh, err = h.dev.MemCreate(k * h.gran)
 			}
 			if err != nil {
 				break
+			}
+			if k == h.most && k < maxHandlePages {
+				if h.streak++; h.streak >= handleStreak {
+					h.most, h.streak = min(2*h.most, maxHandlePages), 0
+				}
 			}
 		}
 		if err = h.dev.MemMap(uintptr(h.pageAddr(p)), k*h.gran, mh); err != nil {
