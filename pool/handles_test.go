@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/device/sim"
+	"github.com/gpumem/tlsf/tlsf"
 	"github.com/stretchr/testify/require"
 )
 
@@ -103,4 +104,29 @@ func TestARefusedHandleSizeIsRemembered(t *testing.T) {
 	require.Equal(t, 2*n, handles, "each 128 MiB block as two 64 MiB handles")
 	require.LessOrEqual(t, d.refused, 1+handles/8, "refused cuMemCreate calls (asking for the full size every time: one a block)")
 	require.Positive(t, d.refused)
+}
+
+// A handle is no larger than the device's free memory: a run that wants
+// more pages than the device has left maps what it has in one handle
+// instead of asking for the whole run and halving down after refusals.
+func TestAHandleIsSizedToTheDevicesFreeMemory(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: 64 * miB})
+	other := sd.NewProcess()
+	held, err := other.MemCreate(32 * miB) // another process holds half
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, other.MemRelease(held)) })
+	dev := &counted{Device: sd}
+	x, err := tlsf.New(tlsf.Config{})
+	require.NoError(t, err)
+	h, err := newVMMHeap(dev, x, 256*miB, 64*miB)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, h.close()) })
+	// 32 pages wanted, 16 needed, 16 free: one handle of 16 pages, then
+	// one refused page. (Asking for 32 first: 32, 16 and then 16, 8, 4, 2
+	// and 1 for the rest, six refused.)
+	n, err := h.mapRun(0, 32, 16, 0, ^uint64(0))
+	require.NoError(t, err)
+	require.Equal(t, uint64(16), n)
+	require.LessOrEqual(t, dev.counts()[device.CallMemCreate], uint64(2))
+	require.NoError(t, h.unmapRun(0, n))
 }

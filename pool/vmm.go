@@ -87,9 +87,15 @@ type vmmHeap struct {
 
 // maxHandlePages bounds a handle: 64 pages, 128 MiB on an H200. Creating
 // a 128 MiB handle costs about what a 2 MiB one does (14.7 against 11.3
-// µs), releasing it 56 µs against 12; beyond it, the cost of release keeps
-// rising while what a larger handle saves on the way in is a few µs per
-// 128 MiB, and a larger handle is released only when more of it is free.
+// µs), releasing it 56 µs against 12. Larger handles cost less per byte
+// still (BenchmarkCUDAVMMHandleSize on the H200, 2026-12-01, µs per 2 MiB
+// for create, set-access and release: 0.40, 0.69, 1.31 at 128 MiB; 0.18,
+// 0.24, 1.19 at 1 GiB), but a handle is released only when all of it is
+// free, and raising the bound to 512 pages bought nothing where it would
+// matter most (tlsf-stress multi on the H200, K = 2, 30 s: 1,123 ops/s
+// per process against 1,222, as many driver calls per operation; on the
+// simulated H200 it cut them from 3.8–4.4 to 2.4–2.6 over 80,000
+// operations).
 const maxHandlePages = 64
 
 func newVMMHeap(dev *counted, x *tlsf.Index, vsize, total uint64) (*vmmHeap, error) {
@@ -175,29 +181,35 @@ func (h *vmmHeap) grow(need, want uint64) error {
 }
 
 // handleStreak is how many handles of the largest size the heap asks for
-// must succeed before it asks for twice that size again: at most one
-// refused cuMemCreate per handleStreak handles while the device cannot
-// give the larger size. Measured on the H200 (tlsf-stress multi, K = 2,
-// 45 s): asking for the full size at every mapping, a quarter of the
-// pool's cuMemCreate calls were refused.
+// must succeed before it asks for twice that size again (mapRun).
 const handleStreak = 16
 
 // mapRun maps up to n pages from page first (at least least of them,
 // else none), then grants access to the whole run. Spares map first, a
 // page each; the rest maps as handles of up to h.most pages where the
-// heap is not fine and the pages lie in [lo, hi), else one page each. A
-// handle larger than a page that the driver refuses is tried again at
-// half the size, down to one page, and later mappings keep the smaller
-// size until handleStreak handles of it succeed: the device may have the
-// pages but not in one piece (under contention between processes, asking
-// again for the larger size would fail again). It returns how many pages
-// it mapped.
+// heap is not fine and the pages lie in [lo, hi), else one page each.
+//
+// A handle larger than a page is no larger than the device's free memory
+// (cuMemGetInfo, asked once per run that wants one). One that the driver
+// refuses all the same is tried again at half the size, down to one page,
+// and later mappings keep the smaller size until handleStreak handles of
+// it succeed: under contention between processes the device may not have
+// the larger size again soon, and on the H200 a refused cuMemCreate costs
+// more than the smaller ones that follow it. Measured on the H200
+// (2026-12-01, tlsf-stress multi, K = 2, 30 s; ops per second per
+// process and driver calls per operation): asking for the full size at
+// every mapping, 822–836 and 7.5–7.6; remembering the refused size,
+// 1,222–1,225 and 10.4–10.6; remembering it and sizing to free memory,
+// 1,449–1,482 and 9.4–9.8. (Handles of up to 512 pages instead of 64 gave
+// 1,123 and 10.4–10.6.) It returns how many pages it mapped.
 func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 	var done uint64
 	var err error
 	if h.most == 0 {
 		h.most = maxHandlePages
 	}
+	var free uint64 // the device's free memory, once asked
+	asked := false
 	for done < n {
 		p := first + done
 		var mh device.MemHandle
@@ -210,6 +222,16 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 			if !h.fine && p >= lo && p < hi {
 				k = min(n-done, hi-p, h.most)
 			}
+			if k > 1 {
+				if !asked {
+					if f, _, gerr := h.dev.MemGetInfo(); gerr == nil {
+						free, asked = f, true
+					}
+				}
+				if asked {
+					k = max(1, min(k, free/h.gran))
+				}
+			}
 			mh, err = h.dev.MemCreate(k * h.gran)
 			for err != nil && k > 1 {
 				h.most, h.streak = max(k/2, 1), 0
@@ -219,6 +241,7 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 			if err != nil {
 				break
 			}
+			free -= min(free, k*h.gran)
 			if k == h.most && k < maxHandlePages {
 				if h.streak++; h.streak >= handleStreak {
 					h.most, h.streak = min(2*h.most, maxHandlePages), 0

@@ -10,6 +10,7 @@ package cuda
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
@@ -396,4 +397,58 @@ func BenchmarkCUDAVMMPage(b *testing.B) {
 		b.ReportMetric(float64(t[i].Microseconds())/float64(calls), name+"-µs")
 	}
 	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkCUDAVMMHandleSize times the same cycle for 1 GiB of memory in
+// handles of 2 MiB to 1 GiB, one mapping each (metrics in µs per 2 MiB
+// granule): the driver's cost per handle against its cost per byte, which
+// bounds how large the pool's handles should be (pool/vmm.go,
+// maxHandlePages).
+func BenchmarkCUDAVMMHandleSize(b *testing.B) {
+	d := openCUDA(b)
+	gran, err := d.AllocationGranularity()
+	cuMust(b, err)
+	const total = 1 << 30
+	for _, size := range []uint64{2 << 20, 128 << 20, 512 << 20, 1 << 30} {
+		size = max(size/gran, 1) * gran
+		b.Run(fmt.Sprintf("%dMiB", size>>20), func(b *testing.B) {
+			va, err := d.AddressReserve(total, 0)
+			cuMust(b, err)
+			defer func() { cuMust(b, d.AddressFree(va, total)) }()
+			n := int(total / size)
+			var t [5]time.Duration
+			granules := 0
+			for b.Loop() {
+				hs := make([]device.MemHandle, n)
+				for i := range hs {
+					at := va + uintptr(uint64(i)*size)
+					t0 := time.Now()
+					h, err := d.MemCreate(size)
+					cuMust(b, err)
+					t1 := time.Now()
+					cuMust(b, d.MemMap(at, size, h))
+					t2 := time.Now()
+					cuMust(b, d.MemSetAccess(at, size))
+					t[0] += t1.Sub(t0)
+					t[1] += t2.Sub(t1)
+					t[2] += time.Since(t2)
+					hs[i] = h
+				}
+				for i, h := range hs {
+					at := va + uintptr(uint64(i)*size)
+					t0 := time.Now()
+					cuMust(b, d.MemUnmap(at, size))
+					t1 := time.Now()
+					cuMust(b, d.MemRelease(h))
+					t[3] += t1.Sub(t0)
+					t[4] += time.Since(t1)
+				}
+				granules += int(total / gran)
+			}
+			for i, name := range []string{"create", "map", "setaccess", "unmap", "release"} {
+				b.ReportMetric(float64(t[i].Nanoseconds())/1e3/float64(granules), name+"-µs/2MiB")
+			}
+			b.ReportMetric(0, "ns/op")
+		})
+	}
 }
