@@ -399,7 +399,9 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 			return tlsf.Block{}, errNoRoom
 		}
 		p.setFine()
-		if err := p.heap.back(b); err != nil {
+		err := p.heap.back(b)
+		p.noteDropped()
+		if err != nil {
 			_, _ = p.x.Free(b.Addr)
 			return tlsf.Block{}, err
 		}
@@ -596,7 +598,12 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 		return tlsf.Block{}, fmt.Errorf("pool: %s more needed, %s free: %w", sizeString(need+tail-min(need+tail, spare)), sizeString(free), device.ErrOutOfMemory)
 	}
 	before := p.reserved()
-	if err := p.heap.grow(need, want); err != nil {
+	if h, ok := p.heap.(*vmmHeap); ok {
+		h.freeHint, h.freeHintOK = free, true
+	}
+	err = p.heap.grow(need, want)
+	p.noteDropped()
+	if err != nil {
 		return tlsf.Block{}, err
 	}
 	p.c.grows++
@@ -1096,6 +1103,15 @@ func (p *Pool) noteMoved(n uint64) {
 	h.dropped = 0
 	p.c.recycledBytes += n - d
 	p.noteReleased(d)
+}
+
+// noteDropped counts the spares a VMM heap released while mapping
+// (vmmHeap.dropSpares) as a release.
+func (p *Pool) noteDropped() {
+	if h, ok := p.heap.(*vmmHeap); ok && h.dropped > 0 {
+		p.noteReleased(h.dropped)
+		h.dropped = 0
+	}
 }
 
 // noteReleased counts a release of n bytes to the driver.

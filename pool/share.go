@@ -21,11 +21,12 @@ package pool
 //     moving pages is worth it (mayRecycle: below 90% of the cap, or no
 //     allocation failed lately), it
 //     moves the pages the block lacks from under other free
-//     blocks (the smallest first, recycle) to the spares, unmapped but
+//     blocks (the largest first, recycle) to the spares, unmapped but
 //     kept (cuMemUnmap), and maps them under the block (cuMemMap,
 //     cuMemSetAccess; no cuMemRelease and cuMemCreate); under pressure
-//     (a failure in the last recyclePressureAllocs) it releases them
-//     instead and maps the block with large handles (Pool.setFine);
+//     (a failure in the last recyclePressureAllocs) it releases the
+//     one-page handles among them instead and maps the block with large
+//     handles (Pool.setFine);
 //  3. if the index has no block, moves at most what the request needs
 //     (releaseFor: its size rounded up to pages, plus one page for a
 //     block that straddles) to the spares, and grows once more, mapping
@@ -94,8 +95,8 @@ func (p *Pool) rememberOOM(size uint64) {
 
 // releaseFor makes room for a request of size bytes aligned to align
 // after it failed: a VMM pool moves the pages of at most what the request
-// needs to its spares (under pressure, or where they are in handles of
-// more than a page, it releases them: Pool.setFine); a chunk pool frees
+// needs to its spares (under pressure it releases those in one-page
+// handles: Pool.setFine); a chunk pool frees
 // wholly free chunks up to that amount. It returns the bytes moved or
 // freed.
 func (p *Pool) releaseFor(size, align uint64) (uint64, error) {
@@ -164,7 +165,9 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 			_, _ = p.x.Free(b.Addr)
 			return tlsf.Block{}, errNoRoom
 		}
-		if err := h.back(b); err != nil {
+		err := h.back(b)
+		p.noteDropped()
+		if err != nil {
 			_, _ = p.x.Free(b.Addr)
 			return tlsf.Block{}, err
 		}
@@ -175,8 +178,8 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 
 // recycle moves the physical pages of about limit bytes lying wholly under
 // free blocks out of the way (cuMemUnmap, one call per run of adjacent
-// one-page mappings or per larger mapping; one-page handles are kept as
-// spares where the heap is fine, the others released), taking whole
+// one-page mappings or per larger mapping; the handles become spares, as
+// vmmHeap.unmap says), taking whole
 // mappings from the largest free blocks first and, within a block, from
 // its top down (a larger mapping moves whole, so the bytes moved may pass
 // limit by less than one mapping). Unlike release, it takes pages from

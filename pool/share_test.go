@@ -347,7 +347,8 @@ func TestLargeHandlesFromPressureMoveAfterIt(t *testing.T) {
 	big, err := p.Alloc(128 * miB)
 	require.NoError(t, err, "192 MiB in use of a 256 MiB cap: the 96 MiB handles moved")
 	after := p.Stats()
-	assert.Positive(t, after.ReleasedBytes-before.ReleasedBytes, "the large handles went back to the driver")
+	moved := after.RecycledBytes + after.ReleasedBytes - before.RecycledBytes - before.ReleasedBytes
+	assert.Positive(t, moved, "the large handles moved (as spares mapped again, or back to the driver)")
 	assert.LessOrEqual(t, after.Reserved, uint64(256*miB))
 	require.NoError(t, sd.MemsetD32(big, 1, wordCount(128*miB)))
 	checkStep(t, p, d)
@@ -367,5 +368,40 @@ func TestARememberedFailureIsRetriedAfterSkips(t *testing.T) {
 	}
 	assert.Equal(t, retries+3, p.Stats().Retries, "the whole path ran once, then after each %d skips", oomMemoSkips)
 	require.NoError(t, p.Free(ptr))
+	checkStep(t, p, d)
+}
+
+// Under pressure a capped pool maps large handles; moved, they become
+// spares and are mapped again where they fit, with no new physical
+// allocation for them: at its cap, with a 96 MiB block freed between two
+// live ones, a request a little larger than it (a size class up, so not
+// placed there) moves the freed block's 96 MiB handle to the top of the
+// heap and maps it there; only its one extra page is created.
+func TestMovedLargeHandlesAreMappedAgain(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 260 * miB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	p.mu.Lock()
+	p.pressure = p.c.allocs + 1 // as after a failed allocation: large handles
+	p.mu.Unlock()
+	var ptrs []uintptr
+	for _, n := range []uint64{96, 32, 96, 32} {
+		ptr, err := p.Alloc(n * miB)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	p.mu.Lock()
+	p.pressure = 0
+	p.mu.Unlock()
+	require.NoError(t, p.Free(ptrs[2]))
+	before := p.Stats()
+	ptr, err := p.Alloc(96*miB + 1024)
+	require.NoError(t, err)
+	after := p.Stats()
+	calls := func(c device.Call) uint64 { return after.DeviceCalls[c] - before.DeviceCalls[c] }
+	assert.LessOrEqual(t, calls(device.CallMemCreate), uint64(1), "one page created, the 96 MiB handle moved")
+	assert.Zero(t, calls(device.CallMemRelease), "nothing released")
+	assert.LessOrEqual(t, after.Reserved, uint64(260*miB))
+	require.NoError(t, sd.MemsetD32(ptr, 1, wordCount(96*miB)))
 	checkStep(t, p, d)
 }

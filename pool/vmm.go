@@ -48,12 +48,14 @@ type vmmHeap struct {
 	// fine: the next mappings use one-page handles, and one-page handles
 	// unmapped with keep become spares (set by the pool before it grows,
 	// backs or moves pages: Pool.setFine says when). Otherwise mappings
-	// use handles of up to maxHandlePages pages and unmapped handles are
-	// released.
+	// use handles of up to maxHandlePages pages and one-page handles
+	// unmapped are released. Larger handles unmapped with keep become
+	// spares either way.
 	fine bool
 	// dropped counts bytes released to the driver by unmaps asked to keep
-	// their memory (multi-page handles, or any while not fine), for the
-	// pool's statistics (Pool.noteMoved).
+	// their memory (one-page handles while not fine) and by spares
+	// released in a mapping (dropSpares), for the pool's statistics
+	// (Pool.noteMoved, Pool.noteDropped).
 	dropped uint64
 	nMapped uint64 // pages mapped
 	holes   uint64 // unmapped pages below end
@@ -67,17 +69,33 @@ type vmmHeap struct {
 	// the heap next maps, releases or closes.
 	stray  []bool // by page
 	nStray uint64
-	// spares are one-page physical allocations unmapped by recycle and
-	// kept for the next mapping: moving a page costs cuMemUnmap and
-	// cuMemMap instead of also cuMemRelease and cuMemCreate. They count as
-	// reserved. (Larger handles are released, never kept.)
-	spares []device.MemHandle
+	// spares are physical allocations unmapped to move them (recycle,
+	// release with keep) and kept for the next mapping, by size: moving a
+	// handle costs cuMemUnmap and cuMemMap instead of also cuMemRelease
+	// and cuMemCreate. They count as reserved. A mapping takes the largest
+	// spare that fits where it maps (mapRun); those that fit nowhere are
+	// released as it creates new handles, so reserved memory stays where
+	// the pool's cap checks put it.
+	//
+	// Measured on the H200 (2026-12-01, tlsf-stress multi, ops per
+	// second per process and driver calls per operation), keeping
+	// multi-page handles as spares against releasing them: K = 2, 30 s,
+	// 2,243–2,321 and 8.4–8.8 against 1,449–1,482 and 9.4–9.8; K = 4, 20 s,
+	// 1,470–1,596 and 6.7–7.7. On the simulated H200 (K = 2, 80,000
+	// operations) 3.3–3.4 calls per operation against 4.1–4.3.
+	spares [maxHandlePages + 1][]device.MemHandle // by pages per handle
+	nSpare uint64                                 // pages held by spares
 	// most is the largest handle, in pages, that the next mapping asks
 	// for (0: maxHandlePages): halved when the driver refuses a handle,
 	// doubled again after handleStreak handles of that size succeed
 	// (mapRun).
 	most   uint64
 	streak int
+	// freeHint is the device's free memory in bytes as the pool just read
+	// it (cuMemGetInfo) before a growth, for the next mapRun to size its
+	// handles without asking again; valid while freeHintOK.
+	freeHint   uint64
+	freeHintOK bool
 	// note, when set (history on), is told of every run of pages mapped
 	// or unmapped: address and bytes (history.go).
 	note func(addr, size uint64, mapped bool)
@@ -125,14 +143,47 @@ func newVMMHeap(dev *counted, x *tlsf.Index, vsize, total uint64) (*vmmHeap, err
 }
 
 func (h *vmmHeap) reserved() uint64 {
-	n := h.nMapped + uint64(len(h.spares))
+	n := h.nMapped + h.nSpare
 	for _, o := range h.orphans {
 		n += o.pages
 	}
 	return n * h.gran
 }
 func (h *vmmHeap) granularity() uint64 { return h.gran }
-func (h *vmmHeap) spare() uint64       { return uint64(len(h.spares)) * h.gran }
+func (h *vmmHeap) spare() uint64       { return h.nSpare * h.gran }
+
+// pushSpare keeps handle mh of k pages, unmapped, for a later mapping.
+func (h *vmmHeap) pushSpare(mh device.MemHandle, k uint64) {
+	h.spares[k] = append(h.spares[k], mh)
+	h.nSpare += k
+}
+
+// dropSpares releases spares, the smallest first, until n pages are
+// released or none is left (counted in dropped).
+func (h *vmmHeap) dropSpares(n uint64) {
+	for k := uint64(1); k <= maxHandlePages && n > 0; k++ {
+		for len(h.spares[k]) > 0 && n > 0 {
+			mh, _, _ := h.popSpare(k, k)
+			h.dropped += k * h.gran
+			h.releaseHandle(mh, k)
+			n -= min(n, k)
+		}
+	}
+}
+
+// popSpare takes the largest spare of at most most pages (and at least
+// least), if any.
+func (h *vmmHeap) popSpare(least, most uint64) (device.MemHandle, uint64, bool) {
+	for k := min(most, maxHandlePages); k >= max(least, 1); k-- {
+		if st := h.spares[k]; len(st) > 0 {
+			mh := st[len(st)-1]
+			h.spares[k] = st[:len(st)-1]
+			h.nSpare -= k
+			return mh, k, true
+		}
+	}
+	return 0, 0, false
+}
 
 func (h *vmmHeap) need(size uint64) uint64 {
 	var tail uint64
@@ -185,9 +236,11 @@ func (h *vmmHeap) grow(need, want uint64) error {
 const handleStreak = 16
 
 // mapRun maps up to n pages from page first (at least least of them,
-// else none), then grants access to the whole run. Spares map first, a
-// page each; the rest maps as handles of up to h.most pages where the
-// heap is not fine and the pages lie in [lo, hi), else one page each.
+// else none), then grants access to the whole run. At each page it maps
+// the largest spare that fits: within [lo, hi) and the run, else one of
+// one page; where none fits, a new handle of up to h.most pages where the
+// heap is not fine and the pages lie in [lo, hi), else of one page. As
+// many pages of spares as it created are then released (dropSpares).
 //
 // A handle larger than a page is no larger than the device's free memory
 // (cuMemGetInfo, asked once per run that wants one). One that the driver
@@ -208,17 +261,27 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 	if h.most == 0 {
 		h.most = maxHandlePages
 	}
-	var free uint64 // the device's free memory, once asked
-	asked := false
+	free, asked := h.freeHint, h.freeHintOK // the device's free memory, once known
+	h.freeHintOK = false
+	var created uint64 // pages of new handles
+	// Spares that fitted nowhere in the run are released, as many pages
+	// as it created: the caller counted spares as memory the mapping
+	// would use, so reserved memory ends where it expected.
+	defer func() { h.dropSpares(created) }()
 	for done < n {
 		p := first + done
 		var mh device.MemHandle
 		k := uint64(1)
-		spare := len(h.spares) > 0
-		if spare {
-			mh = h.spares[len(h.spares)-1]
-			h.spares = h.spares[:len(h.spares)-1]
-		} else {
+		// The largest spare that fits: inside [lo, hi) one of several
+		// pages, else one of one page.
+		fit := uint64(1)
+		if p >= lo && p < hi {
+			fit = min(n-done, hi-p)
+		}
+		var spare bool
+		mh, k, spare = h.popSpare(1, fit)
+		if !spare {
+			k = 1
 			if !h.fine && p >= lo && p < hi {
 				k = min(n-done, hi-p, h.most)
 			}
@@ -242,6 +305,7 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 				break
 			}
 			free -= min(free, k*h.gran)
+			created += k
 			if k == h.most && k < maxHandlePages {
 				if h.streak++; h.streak >= handleStreak {
 					h.most, h.streak = min(2*h.most, maxHandlePages), 0
@@ -250,7 +314,7 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 		}
 		if err = h.dev.MemMap(uintptr(h.pageAddr(p)), k*h.gran, mh); err != nil {
 			if spare {
-				h.spares = append(h.spares, mh)
+				h.pushSpare(mh, k)
 			} else {
 				h.releaseHandle(mh, k)
 			}
@@ -348,9 +412,11 @@ func (h *vmmHeap) unmapRun(first, n uint64) error {
 }
 
 // unmap unmaps pages [first, first+n), all mapped and made of whole
-// mappings, and releases their physical memory, or, with keep while the
-// heap maps one-page handles (fine), keeps the one-page handles among
-// them as spares.
+// mappings, and releases their physical memory, or, with keep, keeps
+// their handles as spares: all of them while the heap is fine, else those
+// of more than one page (one-page handles are then released and counted
+// in dropped, so that memory moved under pressure ends up in large
+// handles).
 func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 	if n == 0 {
 		return nil
@@ -361,8 +427,8 @@ func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 	}
 	for p := first; p < first+n; {
 		k := h.mappingLen(p)
-		if keep && k == 1 && h.fine {
-			h.spares = append(h.spares, h.handles[p])
+		if keep && (k > 1 || h.fine) {
+			h.pushSpare(h.handles[p], k)
 		} else {
 			if keep {
 				h.dropped += k * h.gran
@@ -487,10 +553,10 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 
 // release unmaps mapped pages that lie wholly inside free blocks, those of
 // the largest free blocks first (they are the least likely to be cut up
-// and reused soon), until limit bytes are released. With keep, it keeps
-// the one-page handles among them as spares for the next mapping instead
-// where the heap is fine (unmap; the rest is released and counted in
-// dropped), and reports the bytes so moved.
+// and reused soon), until limit bytes are released; without keep it first
+// releases the spares. With keep, it keeps their handles as spares for
+// the next mapping instead, as unmap says, and reports the bytes so
+// moved.
 func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 	if err := h.unmapStrays(); err != nil {
 		return 0, err
@@ -498,23 +564,20 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 	var released uint64
 	if !keep {
 		var errs []error
-		for len(h.spares) > 0 && released < limit {
-			mh := h.spares[len(h.spares)-1]
-			h.spares = h.spares[:len(h.spares)-1]
+		for h.nSpare > 0 && released < limit {
+			mh, k, _ := h.popSpare(1, maxHandlePages)
 			if err := h.dev.MemRelease(mh); err != nil {
-				h.orphans = append(h.orphans, orphan{mh, 1})
+				h.orphans = append(h.orphans, orphan{mh, k})
 				errs = append(errs, err)
 				continue
 			}
-			released += h.gran
+			released += k * h.gran
 		}
 		if err := errors.Join(errs...); err != nil {
 			return released, err
 		}
 	}
-	// Whole mappings lying under free blocks (with keep too: a larger
-	// handle is released, not kept; it must not be stranded once the pool
-	// maps one-page handles again).
+	// Whole mappings lying under free blocks.
 	type run struct{ first, n, blockSize uint64 }
 	var free []run
 	var top uint64 = ^uint64(0)
@@ -586,10 +649,10 @@ func (h *vmmHeap) close() error {
 			errs = append(errs, err)
 		}
 	}
-	for _, mh := range h.spares {
-		h.releaseHandle(mh, 1)
+	for h.nSpare > 0 {
+		mh, k, _ := h.popSpare(1, maxHandlePages)
+		h.releaseHandle(mh, k)
 	}
-	h.spares = nil
 	if _, err := h.releaseOrphans(); err != nil {
 		errs = append(errs, err)
 	}
