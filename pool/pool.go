@@ -635,9 +635,13 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 // processes over 20,000 operations on the simulated H200 (3.5–4.3 over
 // 80,000 for K = 2: much of the rest is the one-page handles mapped before
 // the first failure, released once); on the H200, 9.2–13.5 (15 s
-// each; 7.4–7.8 over 60 s for K = 2). The price: a large handle moves only when no block uses any of
-// it, so such a job may fail a request that a pool of
-// one-page handles would have served (in the sharing tests, 1 of 11,969
+// each; 7.4–7.8 over 60 s for K = 2). With the rules that came after
+// (recycle's order, handles sized to free memory, large handles kept as
+// spares: share.go, vmm.go), 7.0–10.3 on the H200 at 990–2,000
+// operations per second per process, and 7.9–8.0 (K = 2) and 4.1–4.3
+// (K = 4) on the simulated H200. The price: a large handle moves only
+// when no block uses any of it, so such a job may fail a request that a
+// pool of one-page handles would have served (in the sharing tests, 1 of 11,969
 // failed requests came while the job's live memory was within 90% of its
 // share; none in a job that fails no allocation).
 func (p *Pool) setFine() {

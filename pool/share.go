@@ -281,10 +281,11 @@ func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
 // in mapped free memory fails at once. A job that never fails behaves as
 // if the rule did not exist (min caps 1.009, 1.004, 1.005 × peak live on
 // the simulated H200). With it and large handles under pressure
-// (Pool.setFine), multi makes 9.2–13.5 driver calls per operation on the
+// (Pool.setFine), multi made 9.2–13.5 driver calls per operation on the
 // H200 (K = 2, 3, 4, 15 s each; 11–38 with one-page handles, 44–229
 // gathering always) and 5.7–10.1 on the simulated H200 (20,000
-// operations; 47–93 with one-page handles).
+// operations; 47–93 with one-page handles); 7.0–10.3 on the H200 with
+// the rules that came after (Pool.setFine).
 const (
 	recycleLiveFraction = 0.9
 	// recyclePressureAllocs: 256 allocations, a few training steps of the
