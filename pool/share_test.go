@@ -322,16 +322,18 @@ func freeEveryOther(t *testing.T, p *Pool, ptrs []uintptr) {
 	}
 }
 
-// Large handles mapped under pressure still move once the pressure is
-// over (the pool maps one-page handles again): the out-of-memory path
-// releases them rather than leaving them stranded, counts that as a
-// release, and the request is served.
-func TestLargeHandlesFromPressureMoveAfterIt(t *testing.T) {
+// blocksMappedUnderPressure makes a VMM pool capped at capBytes, caches
+// and scavenger off, allocates blocks of 96, 32, 96 and 32 MiB while it
+// is under pressure (as after a failed allocation: large handles), and
+// returns with the pressure over (as recyclePressureAllocs allocations
+// later).
+func blocksMappedUnderPressure(t *testing.T, capBytes uint64) (*Pool, testDevice, *sim.Device, []uintptr) {
+	t.Helper()
 	sd := sim.New(sim.Config{Capacity: giB})
 	d := onSim(sd)
-	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 256 * miB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: capBytes, Cache: CacheOptions{Disable: true}, NoScavenger: true})
 	p.mu.Lock()
-	p.pressure = p.c.allocs + 1 // as after a failed allocation
+	p.pressure = p.c.allocs + 1
 	p.mu.Unlock()
 	var ptrs []uintptr
 	for _, n := range []uint64{96, 32, 96, 32} {
@@ -339,10 +341,19 @@ func TestLargeHandlesFromPressureMoveAfterIt(t *testing.T) {
 		require.NoError(t, err)
 		ptrs = append(ptrs, ptr)
 	}
-	freeEveryOther(t, p, ptrs)
 	p.mu.Lock()
-	p.pressure = 0 // as recyclePressureAllocs allocations later
+	p.pressure = 0
 	p.mu.Unlock()
+	return p, d, sd, ptrs
+}
+
+// Large handles mapped under pressure still move once the pressure is
+// over (the pool maps one-page handles again): the out-of-memory path
+// moves them (as spares mapped again, or released) rather than leaving
+// them stranded, and the request is served.
+func TestLargeHandlesFromPressureMoveAfterIt(t *testing.T) {
+	p, d, sd, ptrs := blocksMappedUnderPressure(t, 256*miB)
+	freeEveryOther(t, p, ptrs)
 	before := p.Stats()
 	big, err := p.Alloc(128 * miB)
 	require.NoError(t, err, "192 MiB in use of a 256 MiB cap: the 96 MiB handles moved")
@@ -378,21 +389,7 @@ func TestARememberedFailureIsRetriedAfterSkips(t *testing.T) {
 // placed there) moves the freed block's 96 MiB handle to the top of the
 // heap and maps it there; only its one extra page is created.
 func TestMovedLargeHandlesAreMappedAgain(t *testing.T) {
-	sd := sim.New(sim.Config{Capacity: giB})
-	d := onSim(sd)
-	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 260 * miB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-	p.mu.Lock()
-	p.pressure = p.c.allocs + 1 // as after a failed allocation: large handles
-	p.mu.Unlock()
-	var ptrs []uintptr
-	for _, n := range []uint64{96, 32, 96, 32} {
-		ptr, err := p.Alloc(n * miB)
-		require.NoError(t, err)
-		ptrs = append(ptrs, ptr)
-	}
-	p.mu.Lock()
-	p.pressure = 0
-	p.mu.Unlock()
+	p, d, sd, ptrs := blocksMappedUnderPressure(t, 260*miB)
 	require.NoError(t, p.Free(ptrs[2]))
 	before := p.Stats()
 	ptr, err := p.Alloc(96*miB + 1024)
