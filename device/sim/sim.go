@@ -77,9 +77,10 @@ const Uninitialized uint32 = 0xBAADF00D
 
 // Defaults for Config's zero fields.
 const (
-	// 143771 MiB: the total that cuMemGetInfo reports on an H200 (the
-	// board carries 144 GiB of HBM3e; the driver keeps the rest).
-	simDefaultCapacity = 150754820096
+	// 143771 MiB, an H200's memory as nvidia-smi reports it (the board
+	// carries 144 GiB of HBM3e; the driver keeps the rest). cuMemGetInfo's
+	// total is a little less: 143157 MiB with driver 580.159.04.
+	simDefaultCapacity = H200Capacity
 	// 2 MiB: cuMemGetAllocationGranularity (minimum) on every NVIDIA GPU
 	// since Pascal, the size of a large GPU page.
 	simDefaultGranularity = 2 << 20
@@ -134,14 +135,29 @@ type Config struct {
 	// TexturePitchAlignment is what TexturePitchAlignment reports, in
 	// bytes. Default 32 (see simDefaultTexturePitchAlignment).
 	TexturePitchAlignment uint64
+	// ContextBytes is the device memory each process's context holds
+	// from New or NewProcess until Close, as a CUDA context does, taken
+	// from the shared capacity (as much of it as is free). Default 0;
+	// H200ContextBytes is what a context holds on an H200.
+	ContextBytes uint64
 }
+
+// H200Capacity is the default Capacity, in bytes: an H200's 143771 MiB.
+const H200Capacity = 150754820096
+
+// H200ContextBytes is the device memory one CUDA context holds on an H200
+// (driver 580.159.04, 2026-12-01): cuMemGetInfo's total minus free is 526
+// MiB with one process, 1,574 MiB with three. With K processes each capped
+// at 1/K of the total, K of these are memory no cap accounts for.
+const H200ContextBytes = 526 << 20
 
 // simGPU is what all processes on one simulated GPU share.
 type simGPU struct {
 	mu       *sync.Mutex // guards everything in every Sim on this GPU (and on its Host's other GPUs)
 	capacity uint64      // bytes
-	used     uint64      // bytes in use: every process's used plus occupied
+	used     uint64      // bytes in use: every process's used plus occupied plus contexts
 	occupied uint64      // bytes taken by Occupy
+	contexts uint64      // bytes held by processes' contexts (Config.ContextBytes)
 	procs    []*Device   // every process, in creation order
 	index    int         // this GPU's index on its Host (0 without one)
 	ngpus    int         // GPUs on its Host (0 or 1 without one)
@@ -162,6 +178,7 @@ type Device struct {
 
 	// Guarded by g.mu.
 	closed     bool
+	ctxBytes   uint64 // Config.ContextBytes taken at creation, held until Close
 	counts     device.Counts
 	times      [device.NumCalls]time.Duration
 	used       uint64 // capacity this process consumes, bytes
@@ -275,6 +292,9 @@ func (g *simGPU) newProcess(cfg Config) *Device {
 	s.streams[0] = def
 	s.live = []*simStream{def}
 	s.faults.init(cfg.Seed, p)
+	s.ctxBytes = min(cfg.ContextBytes, g.capacity-g.used)
+	g.used += s.ctxBytes
+	g.contexts += s.ctxBytes
 	g.procs = append(g.procs, s)
 	return s
 }
@@ -430,6 +450,10 @@ func (s *Device) Close() error {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
 	s.closed = true
+	// The context's own memory goes with it.
+	s.g.used -= s.ctxBytes
+	s.g.contexts -= s.ctxBytes
+	s.ctxBytes = 0
 	return nil
 }
 

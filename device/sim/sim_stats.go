@@ -232,13 +232,14 @@ func (s *Device) Check() error {
 	var errs []error
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 
-	// The GPU: capacity in use is every process's plus Occupy's.
+	// The GPU: capacity in use is every process's plus Occupy's plus the
+	// contexts'.
 	var sum uint64
 	for _, p := range s.g.procs {
 		sum += p.used
 	}
-	if sum+s.g.occupied != s.g.used {
-		fail("GPU used %d, want processes %d + occupied %d", s.g.used, sum, s.g.occupied)
+	if sum+s.g.occupied+s.g.contexts != s.g.used {
+		fail("GPU used %d, want processes %d + occupied %d + contexts %d", s.g.used, sum, s.g.occupied, s.g.contexts)
 	}
 	if s.g.used > s.g.capacity {
 		fail("GPU used %d exceeds capacity %d", s.g.used, s.g.capacity)

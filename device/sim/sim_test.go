@@ -256,6 +256,35 @@ func TestSimOccupy(t *testing.T) {
 	simCheck(t, s)
 }
 
+// Each process's context holds Config.ContextBytes of the shared
+// capacity from its creation until its Close, as a CUDA context does; a
+// context that does not fit takes what is free.
+func TestSimContextsHoldMemory(t *testing.T) {
+	s := New(Config{Capacity: 16 * simMiB, ContextBytes: 4 * simMiB})
+	free := func(d *Device) uint64 {
+		f, _, err := d.MemGetInfo()
+		require.NoError(t, err)
+		return f
+	}
+	assert.Equal(t, uint64(12*simMiB), free(s))
+	p := s.NewProcess()
+	assert.Equal(t, uint64(8*simMiB), free(s), "two contexts")
+	assert.Zero(t, s.Used(), "a context is not the process's use")
+	_, err := p.MemAlloc(9 * simMiB)
+	assert.ErrorIs(t, err, device.ErrOutOfMemory)
+	simCheck(t, s)
+	h, err := p.MemAlloc(7 * simMiB)
+	require.NoError(t, err)
+	q := s.NewProcess() // 1 MiB free: its context takes that
+	assert.Zero(t, free(s))
+	require.NoError(t, q.Close())
+	assert.Equal(t, uint64(simMiB), free(s), "a closed context's memory is free again")
+	require.NoError(t, p.MemFree(h))
+	require.NoError(t, p.Close())
+	assert.Equal(t, uint64(12*simMiB), free(s))
+	simCheck(t, s)
+}
+
 func TestSimHookBetweenInfoAndAlloc(t *testing.T) {
 	// Another process grabs memory between the pool's MemGetInfo and its
 	// allocation: the allocation must fail cleanly.
