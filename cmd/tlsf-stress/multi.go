@@ -119,6 +119,10 @@ type childResult struct {
 	// Fairness is the largest Share over the smallest of all processes,
 	// filled in by the parent (0 in a child's own line).
 	Fairness float64 `json:"fairness"`
+	// OOMWithinShare counts the out-of-memory errors of requests that
+	// would have left the live bytes within 90% of the pool's share
+	// (MaxFraction × total): a pool should serve those.
+	OOMWithinShare int64 `json:"out_of_memory_within_90pct_of_share"`
 	*runResult
 }
 
@@ -208,6 +212,7 @@ func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts,
 		fail("%v", err)
 		return res
 	}
+	cfg.share = uint64(o.fraction * float64(total))
 	a, err := newAllocator(dev, o.backend, allocOptions{maxFraction: o.fraction})
 	if err != nil {
 		fail("%v", err)
@@ -218,7 +223,7 @@ func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts,
 	rep := s.run()
 	stop()
 	res.runResult = summarize(ds, dev, a, &o.workloadFlags, rep)
-	res.TotalBytes = total
+	res.TotalBytes, res.OOMWithinShare = total, rep.OOMsWithin
 	if total > 0 {
 		res.Share = float64(res.PeakReservedBytes) / float64(total)
 	}
@@ -246,6 +251,14 @@ func runMulti(cmd *cobra.Command, g *globalFlags, o *multiOpts) error {
 	}
 	if ds.note != "" {
 		fmt.Fprintln(errw, "tlsf-stress:", ds.note)
+	}
+	// Each simulated process's context holds device memory, as a CUDA
+	// context does (K pools capped at 1/K each then cannot all reach
+	// their caps, as on a real GPU): an H200's, in proportion to the
+	// simulated capacity.
+	ds.sd.ContextBytes = sim.H200ContextBytes
+	if c := ds.sd.Capacity; c > 0 {
+		ds.sd.ContextBytes = uint64(float64(sim.H200ContextBytes) * float64(c) / float64(sim.H200Capacity))
 	}
 	// The children's workload: a live-byte target above the share.
 	base, release := ds.get()
@@ -405,15 +418,16 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 	fmt.Fprintf(w, "multi: %d %s on %s (%s), backend %s, MaxFraction %.3f each, live target %s each (%.2f× a share)\n",
 		o.procs, how, ds.name(), ds.kind, o.backend, o.fraction, gib(target), o.oversubscribe)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "proc\tpid\tops\tallocs\tfrees\tout of memory\tpeak live\tpeak reserved\tshare\tcalls/op\tproblems\terrors\tstatus\t")
-	var ooms int64
+	fmt.Fprintln(tw, "proc\tpid\tops\tallocs\tfrees\tout of memory\twithin 90%\tpeak live\tpeak reserved\tshare\tcalls/op\tproblems\terrors\tstatus\t")
+	var ooms, within int64
 	for _, r := range results {
 		status := "ok"
 		if !r.OK {
 			status = "FAILED"
 		}
 		ooms += r.OutOfMemory
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%.3f\t%.2f\t%d\t%d\t%s\t\n", r.Proc, r.PID, r.Ops, r.Allocs, r.Frees, r.OutOfMemory,
+		within += r.OOMWithinShare
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%.3f\t%.2f\t%d\t%d\t%s\t\n", r.Proc, r.PID, r.Ops, r.Allocs, r.Frees, r.OutOfMemory, r.OOMWithinShare,
 			gib(r.PeakLiveBytes), gib(r.PeakReservedBytes), r.Share, r.CallsPerOp, r.ProblemCount, r.ErrorCount, status)
 	}
 	tw.Flush()
@@ -425,7 +439,7 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 			fmt.Fprintf(w, "  proc %d ERROR: %s\n", r.Proc, e)
 		}
 	}
-	fmt.Fprintf(w, "out-of-memory errors: %d in all (expected when oversubscribed; each one a clean ErrOutOfMemory)\n", ooms)
+	fmt.Fprintf(w, "out-of-memory errors: %d in all (expected when oversubscribed; each one a clean ErrOutOfMemory), %d of requests within 90%% of the share\n", ooms, within)
 	if len(results) > 0 {
 		fmt.Fprintf(w, "fairness: max share / min share = %.3f (shares of peak reserved over total memory)\n", results[0].Fairness)
 	}

@@ -68,6 +68,10 @@ type stressConfig struct {
 	verify     string
 	perStream  bool // a stream per goroutine; else the default stream
 	seed       uint64
+	// share is the pool's share of the device in bytes (multi), 0 for
+	// none: out-of-memory errors of requests that would have left the
+	// live bytes within 90% of it are also counted apart.
+	share uint64
 }
 
 // liveBlock is one allocated block of the workload.
@@ -85,6 +89,7 @@ func (b *liveBlock) String() string {
 // stressReport is the outcome of a workload.
 type stressReport struct {
 	Ops, Allocs, Frees, OOMs int64
+	OOMsWithin               int64 // out-of-memory errors within 90% of stressConfig.share
 	VerifiedBytes            uint64
 	VerifiedBlocks           int64
 	PeakLive                 uint64
@@ -107,9 +112,11 @@ type stress struct {
 	issued, done    atomic.Int64
 	allocs, frees   atomic.Int64
 	ooms            atomic.Int64
+	oomsWithin      atomic.Int64 // of them, within 90% of cfg.share
 	verifiedBytes   atomic.Uint64
 	verifiedBlocks  atomic.Int64
 	live, peakLive  atomic.Uint64
+	held            atomic.Uint64 // bytes of blocks allocated and not yet back from FreeOn
 	nextID          atomic.Uint64
 	work            [device.NumCalls]atomic.Uint64
 	patterns        sync.Map // uint32 → *liveBlock, for live blocks
@@ -173,7 +180,7 @@ func (s *stress) runWorkers(work func(g int)) time.Time {
 // problems found after it (lost blocks, a simulated device's violations).
 func (s *stress) report(start time.Time, check func()) *stressReport {
 	rep := &stressReport{
-		Ops: s.done.Load(), Allocs: s.allocs.Load(), Frees: s.frees.Load(), OOMs: s.ooms.Load(),
+		Ops: s.done.Load(), Allocs: s.allocs.Load(), Frees: s.frees.Load(), OOMs: s.ooms.Load(), OOMsWithin: s.oomsWithin.Load(),
 		VerifiedBytes: s.verifiedBytes.Load(), VerifiedBlocks: s.verifiedBlocks.Load(),
 		PeakLive: s.peakLive.Load(), Elapsed: time.Since(start),
 	}
@@ -334,8 +341,15 @@ func (s *stress) newBlockID() (uint64, uint32) {
 // allocation failed (counted).
 func (w *worker) alloc(size uint64) *liveBlock {
 	s := w.s
+	// held counts the request from before the call: a block another
+	// goroutine is being handed counts as in use for this one's check.
+	held := s.held.Add(size)
 	ptr, err := s.a.AllocOn(size, w.st)
 	if err != nil {
+		s.held.Add(^(size - 1))
+		if s.cfg.share > 0 && isOOM(err) && float64(held) <= shareMargin*float64(s.cfg.share) {
+			s.oomsWithin.Add(1)
+		}
 		s.allocFailed(err, "allocating %d bytes", size)
 		return nil
 	}
@@ -355,6 +369,10 @@ func (w *worker) alloc(size uint64) *liveBlock {
 	s.addLive(size)
 	return b
 }
+
+// shareMargin: a pool should serve every request that leaves its live
+// bytes within this fraction of its share (multi reports those it failed).
+const shareMargin = 0.9
 
 // allocFailed counts a failed allocation: out of memory, or an error of
 // the workload, reported as format and args followed by ": " and err.
@@ -404,6 +422,7 @@ func (w *worker) verifyFree(b *liveBlock) {
 		s.error("freeing %v: %v", b, err)
 		return
 	}
+	s.held.Add(^(b.size - 1))
 	s.frees.Add(1)
 }
 

@@ -224,7 +224,7 @@ func TestMultiOnSimSharesCapacity(t *testing.T) {
 		assert.Equal(t, true, m["ok"], "%v", m)
 		assert.Equal(t, m["allocs"], m["frees"])
 		assert.Contains(t, m, "max_fraction")
-		for _, k := range []string{"share", "device_calls_per_op", "fairness", "total_bytes"} {
+		for _, k := range []string{"share", "device_calls_per_op", "fairness", "total_bytes", "out_of_memory_within_90pct_of_share"} {
 			assert.Contains(t, m, k)
 		}
 		var fair float64
@@ -240,6 +240,7 @@ func TestMultiOnSimSharesCapacity(t *testing.T) {
 	require.Equal(t, exitOK, status, errs)
 	assert.Contains(t, out, "simulated processes sharing one simulated GPU")
 	assert.Contains(t, out, "out-of-memory errors:")
+	assert.Contains(t, out, "within 90% of the share")
 	assert.Contains(t, out, "fairness: max share / min share")
 	assert.Contains(t, out, "calls/op")
 }
