@@ -402,3 +402,24 @@ func TestMovedLargeHandlesAreMappedAgain(t *testing.T) {
 	require.NoError(t, sd.MemsetD32(ptr, 1, wordCount(96*miB)))
 	checkStep(t, p, d)
 }
+
+// The 90% rule (mayRecycle) is of the bytes callers asked for: a pool
+// under pressure counts blocks at their size class, up to 1/64 more, so
+// it still moves pages for a request that leaves its rounded bytes a
+// little above 90% of the cap, and not past 90% × (1 + 1/64).
+func TestTheNinetyPercentRuleAllowsForRounding(t *testing.T) {
+	d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: giB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	active := p.c.active
+	defer func() { p.c.active = active }()
+	p.c.active = 900 * miB // 90% of the cap and more, rounded
+	const size = 30 * miB
+	require.True(t, p.mayRecycle(size), "no failure lately: always")
+	p.pressure = p.c.allocs + 1
+	defer func() { p.pressure = 0 }()
+	assert.True(t, p.mayRecycle(size), "930 MiB rounded: within 90% of 1024 MiB as callers count")
+	p.c.active = 910 * miB
+	assert.False(t, p.mayRecycle(size), "940 MiB rounded: above 90% × (1 + 1/64)")
+}
