@@ -71,6 +71,16 @@
 // min(c, T − U). A job that wants "half of what is free now" computes
 // MaxFraction = 0.5 × free / total from cuMemGetInfo before New.
 //
+// Every CUDA context holds device memory of its own (526 MiB on an H200,
+// sim.H200ContextBytes), which no cap counts: K processes at 1/K each
+// reach T/K minus about that, not T/K, and the last of it is what they
+// contend for. A capped pool maps one-page physical allocations, so that
+// its memory can move 2 MiB at a time to fit its cap; while other
+// processes hold a sixteenth of the device or more, its growths map each
+// block in larger ones (up to a 256th of its cap), as moving memory
+// between processes page by page costs a driver call per 2 MiB (share.go,
+// Pool.setShared).
+//
 // # Out of memory
 //
 // A request that can never succeed (its block above the device's total

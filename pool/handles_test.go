@@ -9,6 +9,7 @@ import (
 	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/device/sim"
 	"github.com/gpumem/tlsf/tlsf"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -129,4 +130,30 @@ func TestAHandleIsSizedToTheDevicesFreeMemory(t *testing.T) {
 	require.Equal(t, uint64(16), n)
 	require.LessOrEqual(t, dev.counts()[device.CallMemCreate], uint64(2))
 	require.NoError(t, h.unmapRun(0, n))
+}
+
+// On a device where other processes hold much memory (sharedFraction), a
+// capped pool's growth maps the interior of the block it is for in
+// handles of several pages (at most a 256th of the cap), not one page
+// each; alone on the device it maps one-page handles
+// (TestCappedAndRecyclingPoolsMapOnePageHandles). Both return every byte.
+func TestACappedPoolGrowsInLargerHandlesOnASharedDevice(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: 16 * giB})
+	require.NoError(t, sd.Occupy(2*giB)) // another process: 1/8 of the device
+	t.Cleanup(func() { sd.Vacate(2 * giB) })
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxFraction: 0.5, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	a, err := p.Alloc(200 * miB) // 100 pages; the cap's 256th is 16 pages
+	require.NoError(t, err)
+	pages := p.Stats().Reserved / (2 * miB)
+	require.GreaterOrEqual(t, pages, uint64(100))
+	n := creates(p)
+	assert.GreaterOrEqual(t, n, uint64(100/16), "handles of at most 16 pages")
+	assert.Less(t, n, pages/4, "handles of several pages, not one a page")
+	checkStep(t, p, d)
+	require.NoError(t, p.Free(a))
+	_, err = p.Trim()
+	require.NoError(t, err)
+	assert.Zero(t, p.Stats().Reserved, "whole handles under free blocks go back")
+	checkStep(t, p, d)
 }

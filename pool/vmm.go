@@ -34,7 +34,11 @@ import (
 // allows (Pool.setFine says when, and when not). Holes under a block
 // mapped again while the heap is not fine get large handles inside the
 // block and one-page handles for its first and last page, which it may
-// share with its neighbours.
+// share with its neighbours. On a device other processes share
+// (Pool.setShared), a fine heap's growth maps the block it is for the same
+// way, in handles of up to a 256th of the cap: memory moving between
+// processes moves at the handles' granularity, and one-page handles make
+// filling and moving a share cost driver calls per 2 MiB.
 type vmmHeap struct {
 	dev     *counted
 	x       *tlsf.Index
@@ -52,6 +56,12 @@ type vmmHeap struct {
 	// unmapped are released. Larger handles unmapped with keep become
 	// spares either way.
 	fine bool
+	// sharedPages, where at least 2: other processes hold much of the
+	// device (Pool.setShared), and a growth maps the interior of the
+	// block it is for in handles of up to sharedPages pages even while
+	// fine (growthRange); growing is set during such a growth's mapRun.
+	sharedPages uint64
+	growing     bool
 	// dropped counts bytes released to the driver by unmaps asked to keep
 	// their memory (one-page handles while not fine) and by spares
 	// released in a mapping (dropSpares), for the pool's statistics
@@ -158,17 +168,21 @@ func (h *vmmHeap) pushSpare(mh device.MemHandle, k uint64) {
 	h.nSpare += k
 }
 
-// dropSpares releases spares, the smallest first, until n pages are
-// released or none is left (counted in dropped).
-func (h *vmmHeap) dropSpares(n uint64) {
-	for k := uint64(1); k <= maxHandlePages && n > 0; k++ {
-		for len(h.spares[k]) > 0 && n > 0 {
+// dropSpares releases spares of more than above pages, the smallest
+// first, until n pages are released or none is left (counted in dropped),
+// and returns the pages released (n or more, or fewer if the spares ran
+// out).
+func (h *vmmHeap) dropSpares(n, above uint64) uint64 {
+	var released uint64
+	for k := above + 1; k <= maxHandlePages && n > released; k++ {
+		for len(h.spares[k]) > 0 && n > released {
 			mh, _, _ := h.popSpare(k, k)
 			h.dropped += k * h.gran
 			h.releaseHandle(mh, k)
-			n -= min(n, k)
+			released += k
 		}
 	}
+	return released
 }
 
 // popSpare takes the largest spare of at most most pages (and at least
@@ -213,7 +227,10 @@ func (h *vmmHeap) grow(need, want uint64) error {
 		return err
 	}
 	first := (h.end - h.base) / h.gran
-	n, err := h.mapRun(first, want/h.gran, need/h.gran, 0, ^uint64(0))
+	lo, hi := h.growthRange(first, need)
+	h.growing = h.fine && h.sharedPages >= 2
+	n, err := h.mapRun(first, want/h.gran, need/h.gran, lo, hi)
+	h.growing = false
 	if err != nil {
 		return err
 	}
@@ -231,6 +248,30 @@ func (h *vmmHeap) grow(need, want uint64) error {
 	return nil
 }
 
+// growthRange returns the pages [lo, hi) in which a growth from page
+// first that needs need bytes maps spares of several pages and, where the
+// heap is not fine, new handles of several pages: all of them, except on
+// a shared device (sharedPages) while fine, where it is the pages wholly
+// inside the block the growth is for (placed at the bottom of the heap's
+// free top block, or at end), which are freed together, and new handles
+// there are of up to sharedPages pages.
+func (h *vmmHeap) growthRange(first, need uint64) (lo, hi uint64) {
+	if !h.fine || h.sharedPages < 2 {
+		return 0, ^uint64(0) // spares fit anywhere; new handles are large where not fine
+	}
+	start := h.end
+	if last, err := h.x.Last(h.base); err == nil && last.Free {
+		start = last.Addr
+	}
+	// The block ends at or below page first + need/gran; its last page
+	// may be shared with the next block.
+	hi = first + need/h.gran
+	if hi > 0 {
+		hi--
+	}
+	return (start - h.base + h.gran - 1) / h.gran, hi
+}
+
 // handleStreak is how many handles of the largest size the heap asks for
 // must succeed before it asks for twice that size again (mapRun).
 const handleStreak = 16
@@ -239,8 +280,12 @@ const handleStreak = 16
 // else none), then grants access to the whole run. At each page it maps
 // the largest spare that fits: within [lo, hi) and the run, else one of
 // one page; where none fits, a new handle of up to h.most pages where the
-// heap is not fine and the pages lie in [lo, hi), else of one page. As
-// many pages of spares as it created are then released (dropSpares).
+// pages lie in [lo, hi) and the heap is not fine (in a shared growth,
+// growing, of up to sharedPages pages though fine), else of one page. As
+// many pages of spares as it created are released (dropSpares): before
+// each new handle, those larger than any run of pages left for them
+// (which fit nowhere in the run), so that the device has their memory
+// for it; the rest at the end.
 //
 // A handle larger than a page is no larger than the device's free memory
 // (cuMemGetInfo, asked once per run that wants one). One that the driver
@@ -263,11 +308,11 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 	}
 	free, asked := h.freeHint, h.freeHintOK // the device's free memory, once known
 	h.freeHintOK = false
-	var created uint64 // pages of new handles
+	var created, dropped uint64 // pages of new handles, of spares released for them
 	// Spares that fitted nowhere in the run are released, as many pages
 	// as it created: the caller counted spares as memory the mapping
 	// would use, so reserved memory ends where it expected.
-	defer func() { h.dropSpares(created) }()
+	defer func() { h.dropSpares(created-min(created, dropped), 0) }()
 	for done < n {
 		p := first + done
 		var mh device.MemHandle
@@ -282,8 +327,23 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 		mh, k, spare = h.popSpare(1, fit)
 		if !spare {
 			k = 1
-			if !h.fine && p >= lo && p < hi {
+			switch {
+			case p < lo || p >= hi:
+			case !h.fine:
 				k = min(n-done, hi-p, h.most)
+			case h.growing: // a shared growth (growthRange)
+				k = min(n-done, hi-p, h.most, h.sharedPages)
+			}
+			// Spares larger than any run of pages left for them fit
+			// nowhere in this run: those it would release at its end (as
+			// many pages as it creates) go first, so that the device has
+			// their memory for this handle. On a full device shared with
+			// other processes, creating first fails, or takes memory a
+			// neighbour just gave back.
+			if h.nSpare > 0 && created+k > dropped {
+				r := h.dropSpares(created+k-dropped, maxFit(p, first+n, lo, hi))
+				dropped += r
+				free += r * h.gran
 			}
 			if k > 1 {
 				if !asked {
@@ -343,6 +403,17 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 		return 0, aerr
 	}
 	return done, nil
+}
+
+// maxFit is the most pages a spare mapped from page p on may have in a run
+// that ends at page end: inside [lo, hi) as many as are left of it, else
+// one.
+func maxFit(p, end, lo, hi uint64) uint64 {
+	top := min(end, hi)
+	if start := max(p, lo); start < top {
+		return top - start
+	}
+	return 1
 }
 
 // mappingLen returns the number of pages of the mapping that starts at
