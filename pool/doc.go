@@ -78,8 +78,8 @@
 // its memory can move 2 MiB at a time to fit its cap; while other
 // processes hold a sixteenth of the device or more, its growths map each
 // block in larger ones (up to a 256th of its cap), as moving memory
-// between processes page by page costs a driver call per 2 MiB (share.go,
-// Pool.setShared).
+// between processes page by page costs a driver call per 2 MiB
+// (Pool.setShared in pool.go).
 //
 // # Out of memory
 //

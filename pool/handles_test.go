@@ -136,24 +136,74 @@ func TestAHandleIsSizedToTheDevicesFreeMemory(t *testing.T) {
 // capped pool's growth maps the interior of the block it is for in
 // handles of several pages (at most a 256th of the cap), not one page
 // each; alone on the device it maps one-page handles
-// (TestCappedAndRecyclingPoolsMapOnePageHandles). Both return every byte.
+// (TestCappedAndRecyclingPoolsMapOnePageHandles), and so does a pool with
+// no cap that recycles under ReleaseFraction, shared or not. All return
+// every byte.
 func TestACappedPoolGrowsInLargerHandlesOnASharedDevice(t *testing.T) {
-	sd := sim.New(sim.Config{Capacity: 16 * giB})
-	require.NoError(t, sd.Occupy(2*giB)) // another process: 1/8 of the device
-	t.Cleanup(func() { sd.Vacate(2 * giB) })
-	d := onSim(sd)
-	p := openPool(t, d, Options{Backend: BackendVMM, MaxFraction: 0.5, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-	a, err := p.Alloc(200 * miB) // 100 pages; the cap's 256th is 16 pages
+	for _, c := range []struct {
+		name     string
+		opts     Options
+		most     uint64 // pages per handle at most
+		severalN bool   // some handles of several pages
+	}{
+		{"MaxFraction", Options{MaxFraction: 0.5}, 16, true}, // 8 GiB / 256 = 16 pages
+		{"ReleaseFraction", Options{ReleaseFraction: 0.03}, 1, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sd := sim.New(sim.Config{Capacity: 16 * giB})
+			require.NoError(t, sd.Occupy(2*giB)) // another process: 1/8 of the device
+			t.Cleanup(func() { sd.Vacate(2 * giB) })
+			d := onSim(sd)
+			o := c.opts
+			o.Backend, o.Cache, o.NoScavenger = BackendVMM, CacheOptions{Disable: true}, true
+			p := openPool(t, d, o)
+			a, err := p.Alloc(200 * miB) // 100 pages
+			require.NoError(t, err)
+			h := p.heap.(*vmmHeap)
+			var handles, several uint64
+			for pg := uint64(0); pg < (h.end-h.base)/h.gran; pg++ {
+				if !h.mapped[pg] || uint64(h.start[pg]) != pg {
+					continue
+				}
+				k := h.mappingLen(pg)
+				assert.LessOrEqual(t, k, c.most, "mapping at page %d", pg)
+				handles++
+				if k > 1 {
+					several++
+				}
+			}
+			assert.Equal(t, handles, creates(p))
+			assert.Equal(t, c.severalN, several > 0, "%d handles of several pages", several)
+			checkStep(t, p, d)
+			require.NoError(t, p.Free(a))
+			_, err = p.Trim()
+			require.NoError(t, err)
+			assert.Zero(t, p.Stats().Reserved, "whole handles under free blocks go back")
+			checkStep(t, p, d)
+		})
+	}
+}
+
+// A mapping releases the spares that fit nowhere in it before it creates
+// handles, not after: on a full device the memory they hold is what the
+// new handles are made of (a neighbouring process would otherwise take
+// it, or the creation fail).
+func TestSparesThatFitNowhereAreReleasedBeforeCreating(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: 16 * miB}) // 8 pages
+	dev := &counted{Device: sd}
+	x, err := tlsf.New(tlsf.Config{})
 	require.NoError(t, err)
-	pages := p.Stats().Reserved / (2 * miB)
-	require.GreaterOrEqual(t, pages, uint64(100))
-	n := creates(p)
-	assert.GreaterOrEqual(t, n, uint64(100/16), "handles of at most 16 pages")
-	assert.Less(t, n, pages/4, "handles of several pages, not one a page")
-	checkStep(t, p, d)
-	require.NoError(t, p.Free(a))
-	_, err = p.Trim()
+	h, err := newVMMHeap(dev, x, 64*miB, 16*miB)
 	require.NoError(t, err)
-	assert.Zero(t, p.Stats().Reserved, "whole handles under free blocks go back")
-	checkStep(t, p, d)
+	t.Cleanup(func() { require.NoError(t, h.close()) })
+	mh, err := sd.MemCreate(16 * miB) // all of the device, as a spare of 8 pages
+	require.NoError(t, err)
+	h.pushSpare(mh, 8)
+	h.fine = true // one-page handles
+	n, err := h.mapRun(0, 4, 4, 0, ^uint64(0))
+	require.NoError(t, err, "the 8-page spare fits nowhere in 4 pages: released first, its memory makes the 4 handles")
+	require.Equal(t, uint64(4), n)
+	assert.Zero(t, h.nSpare)
+	assert.Equal(t, uint64(4), dev.counts()[device.CallMemCreate], "no refused creation")
+	require.NoError(t, h.unmapRun(0, n))
 }

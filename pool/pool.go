@@ -670,7 +670,10 @@ const sharedHandleDivisor = 256
 // hold much of the device: total − free − the pool's own reserved memory,
 // with free as cuMemGetInfo just read it, at least sharedFraction of the
 // total. A growth of a capped pool on a shared device then maps the
-// interior of its block in large handles rather than one-page ones.
+// interior of its block in larger handles rather than one-page ones
+// (vmmHeap.growthRange; for a block aligned above a page, the free head
+// the alignment cuts off may share them). A pool with no cap is not fine
+// (one with ReleaseFraction keeps its one-page handles) and is left alone.
 //
 // One-page handles let a pool fit under its cap (setFine): alone on a
 // GPU, it moves memory 2 MiB at a time to where its next block goes, and
@@ -682,12 +685,13 @@ const sharedHandleDivisor = 256
 // one-page handles costs a cuMemCreate and a cuMemMap per 2 MiB to fill
 // it and a cuMemUnmap and a cuMemRelease per 2 MiB to move it. Measured
 // with tlsf-stress multi, K processes at 1/K each, 1.5× oversubscribed,
-// 20,000 operations each, this rule and the early release of spares in
-// mapRun against neither, in the same run (2026-12-01): on the H200, K = 2
+// 20,000 operations each, this rule, the early release of spares in
+// mapRun and the 90% rule's rounding (mayRecycle) against the code before
+// them, in the same run (2026-12-01): on the H200, K = 2
 // at 1,984 operations per second per process and 9.99 driver calls per
 // operation against 1,595 and 11.71, K = 4 at 1,508 and 6.67 against
 // 1,270 and 7.37 (medians over three seeds); on the simulated H200, with
-// the contexts' memory modelled (sim.H200ContextBytes), 3.37 and 2.63
+// the contexts' memory modelled (sim.H200ContextBytes), 3.4 and 2.5–2.6
 // calls against 8.56 and 5.30. A pool alone on its GPU, the replays and
 // their smallest caps above, is not affected.
 func (p *Pool) setShared(free uint64) {
@@ -696,9 +700,12 @@ func (p *Pool) setShared(free uint64) {
 		return
 	}
 	h.sharedPages = 0
+	capped, limit := p.capFrom(0)
+	if !capped {
+		return // fine under ReleaseFraction only: its pages move one at a time
+	}
 	others := p.total - min(p.total, free+p.reserved())
 	if float64(others) >= sharedFraction*float64(p.total) {
-		_, limit := p.capFrom(0)
 		h.sharedPages = limit / sharedHandleDivisor / h.gran
 	}
 }

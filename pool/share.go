@@ -314,8 +314,11 @@ func (p *Pool) mayRecycle(size uint64) bool {
 	// bytes asked for: the fraction is of those, as a caller counts them.
 	// (Against rounded bytes, 5–8% of tlsf-stress multi's out-of-memory
 	// errors on the simulated H200 came from requests that fitted within
-	// 90% of the share as the caller counts it; 0–0.6% so.)
+	// 90% of the share as the caller counts it; 0.1–0.3% so.)
 	rounding := 1 + 1/float64(uint64(1)<<p.opts.SLLog2)
+	if p.opts.BestFit {
+		rounding = 1 // blocks rounded to 256 bytes only
+	}
 	if float64(used+size) <= recycleLiveFraction*rounding*float64(limit) {
 		return true
 	}

@@ -169,9 +169,8 @@ func (h *vmmHeap) pushSpare(mh device.MemHandle, k uint64) {
 }
 
 // dropSpares releases spares of more than above pages, the smallest
-// first, until n pages are released or none is left (counted in dropped),
-// and returns the pages released (n or more, or fewer if the spares ran
-// out).
+// first, until at least n pages are released or none is left (counted in
+// h.dropped), and returns the pages released.
 func (h *vmmHeap) dropSpares(n, above uint64) uint64 {
 	var released uint64
 	for k := above + 1; k <= maxHandlePages && n > released; k++ {
@@ -281,11 +280,13 @@ const handleStreak = 16
 // the largest spare that fits: within [lo, hi) and the run, else one of
 // one page; where none fits, a new handle of up to h.most pages where the
 // pages lie in [lo, hi) and the heap is not fine (in a shared growth,
-// growing, of up to sharedPages pages though fine), else of one page. As
-// many pages of spares as it created are released (dropSpares): before
-// each new handle, those larger than any run of pages left for them
-// (which fit nowhere in the run), so that the device has their memory
-// for it; the rest at the end.
+// growing, of up to sharedPages pages though fine), else of one page.
+// Spares that fit nowhere in the run are released (dropSpares), at least
+// as many pages as it created: before each new handle, those larger than
+// any run of pages left for them, up to the pages created so far and the
+// handle's, so that the device has their memory for it; the rest at the
+// end. (A handle that then comes out smaller, or is refused, leaves
+// reserved memory below what the caller planned, never above.)
 //
 // A handle larger than a page is no larger than the device's free memory
 // (cuMemGetInfo, asked once per run that wants one). One that the driver

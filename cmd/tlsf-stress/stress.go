@@ -418,11 +418,12 @@ func (w *worker) verifyFree(b *liveBlock) {
 		w.verify(b)
 	}
 	s.unregister(b)
-	if err := s.a.FreeOn(b.ptr, w.st); err != nil {
+	err := s.a.FreeOn(b.ptr, w.st)
+	s.held.Add(^(b.size - 1))
+	if err != nil {
 		s.error("freeing %v: %v", b, err)
 		return
 	}
-	s.held.Add(^(b.size - 1))
 	s.frees.Add(1)
 }
 

@@ -442,8 +442,9 @@ func (s *Device) Vacate(bytes uint64) {
 
 // Close marks this process closed: later driver calls on it fail with
 // ErrInvalidValue, as calls into a destroyed context fail. It frees
-// nothing, so what the process still holds stays counted against the
-// GPU's capacity and leak checks after Close still see it. Introspection
+// nothing the process allocated, so what it still holds stays counted
+// against the GPU's capacity and leak checks after Close still see it;
+// only its context's own memory (Config.ContextBytes) is given back. Introspection
 // (Counts, Used, Violations, ...) keeps working. Close is idempotent and
 // always returns nil.
 func (s *Device) Close() error {

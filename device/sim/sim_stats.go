@@ -113,7 +113,7 @@ type Stats struct {
 	HeldStreams     int    // streams held (HoldStream)
 	QueuedWork      int    // items queued behind holds or waits
 	Violations      int    // len(Violations())
-	GPUUsed         uint64 // capacity used on the GPU by every process and Occupy
+	GPUUsed         uint64 // capacity used on the GPU by every process, Occupy and the contexts
 	GPUOccupied     uint64 // of that, taken by Occupy
 }
 
