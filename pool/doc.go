@@ -47,8 +47,9 @@
 //     Since no process holds more than T/K, the others hold at most
 //     (K−1)·T/K, so at least T/K − (own reserved) is free for each: every
 //     process can reach its cap, and K identical jobs end with equal
-//     shares, T/K each (max share / min share = 1, to the granule). On an
-//     H200 (T = 143771 MiB) and K = 2, 3, 4: 71885, 47923, 35942 MiB each.
+//     shares, T/K each (max share / min share = 1, to the granule), less
+//     what the contexts hold (below). On an H200 (T = 143771 MiB) and
+//     K = 2, 3, 4: 71885, 47923, 35942 MiB each.
 //   - Started one after another: when job j starts, jobs 1..j−1 hold at
 //     most (j−1)·T/K, so at least T − (j−1)·T/K ≥ T/K is free, and job j
 //     reaches T/K too: the order changes nothing.
@@ -74,12 +75,19 @@
 // Every CUDA context holds device memory of its own (526 MiB on an H200,
 // sim.H200ContextBytes), which no cap counts: K processes at 1/K each
 // reach T/K minus about that, not T/K, and the last of it is what they
-// contend for. A capped pool maps one-page physical allocations, so that
-// its memory can move 2 MiB at a time to fit its cap; while other
-// processes hold a sixteenth of the device or more, its growths map each
-// block in larger ones (up to a 256th of its cap), as moving memory
-// between processes page by page costs a driver call per 2 MiB
-// (Pool.setShared in pool.go).
+// contend for; a job that must never fail near its cap sets MaxFraction
+// a little below 1/K (1/K − 0.5 GiB/T). A job that asks for more than its
+// share gets ErrOutOfMemory, at once above 90% of its cap once it has
+// failed lately; FreeFloorFraction makes an idle job give unused memory
+// back to the others. Through the C ABI the cap is max_fraction in
+// TLSF_ALLOC_CONF, or torch.cuda.set_per_process_memory_fraction.
+//
+// There is nothing else to set: a capped pool maps one-page physical
+// allocations, so that its memory can move 2 MiB at a time to fit its
+// cap, and while other processes hold a sixteenth of the device or more
+// its growths map each block in larger ones (up to a 256th of its cap),
+// as moving memory between processes page by page costs a driver call
+// per 2 MiB (Pool.setShared in pool.go).
 //
 // # Out of memory
 //

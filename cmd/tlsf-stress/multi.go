@@ -58,7 +58,7 @@ func newMultiCmd(g *globalFlags) *cobra.Command {
 		Use:   "multi [--procs K] [flags]",
 		Short: "K processes share one GPU, each pool capped by a fraction; oversubscribed, they must fail cleanly",
 		Long: `Run K processes on one GPU, each with a pool whose reserved memory is capped at
---fraction (default 1/K) of the memory available to it, each running the
+--fraction (default 1/K) of the device's total memory, each running the
 stress workload of 'run' with a live-byte target of --oversubscribe times its
 share of the device (block sizes log-uniform between 1/4096 and 1/16 of that
 target unless --sizes names a trace). Together they ask for more memory than
@@ -94,6 +94,9 @@ there too, each with its own simulated GPU.`,
 	}
 	o.register(cmd, defaultMultiOps)
 	f := cmd.Flags()
+	f.Lookup("ops").Usage = "operations of each process (allocations, failed ones too, and frees); 0 with --duration: until the duration is over"
+	f.Lookup("json").Usage = "print the outcome as one JSON object per line, one per process"
+	f.Lookup("sizes").Usage = "block sizes: log-uniform between 1/4096 and 1/16 of the live target, or the size distribution of a trace (embedded name or file)"
 	f.IntVar(&o.procs, "procs", 2, "number of processes")
 	f.Float64Var(&o.fraction, "fraction", 0, "each pool's MaxFraction (default 1/procs)")
 	f.Float64Var(&o.oversubscribe, "oversubscribe", 1.5, "each process's live-byte target, in multiples of its share (total memory / procs)")
@@ -224,6 +227,7 @@ func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts,
 	stop()
 	res.runResult = summarize(ds, dev, a, &o.workloadFlags, rep)
 	res.TotalBytes, res.OOMWithinShare = total, rep.OOMsWithin
+	res.CapBytes = cfg.share // MaxFraction × total
 	if total > 0 {
 		res.Share = float64(res.PeakReservedBytes) / float64(total)
 	}
@@ -439,7 +443,7 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 			fmt.Fprintf(w, "  proc %d ERROR: %s\n", r.Proc, e)
 		}
 	}
-	fmt.Fprintf(w, "out-of-memory errors: %d in all (expected when oversubscribed; each one a clean ErrOutOfMemory), %d of requests within 90%% of the share\n", ooms, within)
+	fmt.Fprintf(w, "out-of-memory errors: %d in all (expected when oversubscribed; each one a clean ErrOutOfMemory), %d of them from requests within 90%% of the share\n", ooms, within)
 	if len(results) > 0 {
 		fmt.Fprintf(w, "fairness: max share / min share = %.3f (shares of peak reserved over total memory)\n", results[0].Fairness)
 	}

@@ -240,7 +240,7 @@ func TestMultiOnSimSharesCapacity(t *testing.T) {
 	require.Equal(t, exitOK, status, errs)
 	assert.Contains(t, out, "simulated processes sharing one simulated GPU")
 	assert.Contains(t, out, "out-of-memory errors:")
-	assert.Contains(t, out, "within 90% of the share")
+	assert.Contains(t, out, "of them from requests within 90% of the share")
 	assert.Contains(t, out, "fairness: max share / min share")
 	assert.Contains(t, out, "calls/op")
 }
