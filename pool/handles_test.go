@@ -107,6 +107,22 @@ func TestARefusedHandleSizeIsRemembered(t *testing.T) {
 	require.Positive(t, d.refused)
 }
 
+// testHeap is a VMM heap of vsize bytes of address space over sd, with an
+// index of its own, closed when the test ends, and the counted device it
+// calls.
+func testHeap(t *testing.T, sd *sim.Device, vsize uint64) (*vmmHeap, *counted) {
+	t.Helper()
+	dev := &counted{Device: sd}
+	x, err := tlsf.New(tlsf.Config{})
+	require.NoError(t, err)
+	_, total, err := sd.MemGetInfo()
+	require.NoError(t, err)
+	h, err := newVMMHeap(dev, x, vsize, total)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, h.close()) })
+	return h, dev
+}
+
 // A handle is no larger than the device's free memory: a run that wants
 // more pages than the device has left maps what it has in one handle
 // instead of asking for the whole run and halving down after refusals.
@@ -116,12 +132,7 @@ func TestAHandleIsSizedToTheDevicesFreeMemory(t *testing.T) {
 	held, err := other.MemCreate(32 * miB) // another process holds half
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, other.MemRelease(held)) })
-	dev := &counted{Device: sd}
-	x, err := tlsf.New(tlsf.Config{})
-	require.NoError(t, err)
-	h, err := newVMMHeap(dev, x, 256*miB, 64*miB)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, h.close()) })
+	h, dev := testHeap(t, sd, 256*miB)
 	// 32 pages wanted, 16 needed, 16 free: one handle of 16 pages, then
 	// one refused page. (Asking for 32 first: 32, 16 and then 16, 8, 4, 2
 	// and 1 for the rest, six refused.)
@@ -190,12 +201,7 @@ func TestACappedPoolGrowsInLargerHandlesOnASharedDevice(t *testing.T) {
 // it, or the creation fail).
 func TestSparesThatFitNowhereAreReleasedBeforeCreating(t *testing.T) {
 	sd := sim.New(sim.Config{Capacity: 16 * miB}) // 8 pages
-	dev := &counted{Device: sd}
-	x, err := tlsf.New(tlsf.Config{})
-	require.NoError(t, err)
-	h, err := newVMMHeap(dev, x, 64*miB, 16*miB)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, h.close()) })
+	h, dev := testHeap(t, sd, 64*miB)
 	mh, err := sd.MemCreate(16 * miB) // all of the device, as a spare of 8 pages
 	require.NoError(t, err)
 	h.pushSpare(mh, 8)
