@@ -59,9 +59,8 @@ type vmmHeap struct {
 	// sharedPages, where at least 2: other processes hold much of the
 	// device (Pool.setShared), and a growth maps the interior of the
 	// block it is for in handles of up to sharedPages pages even while
-	// fine (growthRange); growing is set during such a growth's mapRun.
+	// fine (growthRange).
 	sharedPages uint64
-	growing     bool
 	// dropped counts bytes released to the driver by unmaps asked to keep
 	// their memory (one-page handles while not fine) and by spares
 	// released in a mapping (dropSpares), for the pool's statistics
@@ -226,10 +225,8 @@ func (h *vmmHeap) grow(need, want uint64) error {
 		return err
 	}
 	first := (h.end - h.base) / h.gran
-	lo, hi := h.growthRange(first, need)
-	h.growing = h.fine && h.sharedPages >= 2
-	n, err := h.mapRun(first, want/h.gran, need/h.gran, lo, hi)
-	h.growing = false
+	lo, hi, large := h.growthRange(first, need)
+	n, err := h.mapRun(first, want/h.gran, need/h.gran, lo, hi, large)
 	if err != nil {
 		return err
 	}
@@ -248,15 +245,19 @@ func (h *vmmHeap) grow(need, want uint64) error {
 }
 
 // growthRange returns the pages [lo, hi) in which a growth from page
-// first that needs need bytes maps spares of several pages and, where the
-// heap is not fine, new handles of several pages: all of them, except on
-// a shared device (sharedPages) while fine, where it is the pages wholly
-// inside the block the growth is for (placed at the bottom of the heap's
-// free top block, or at end), which are freed together, and new handles
-// there are of up to sharedPages pages.
-func (h *vmmHeap) growthRange(first, need uint64) (lo, hi uint64) {
-	if !h.fine || h.sharedPages < 2 {
-		return 0, ^uint64(0) // spares fit anywhere; new handles are large where not fine
+// first that needs need bytes maps spares of several pages, and the most
+// pages of a new handle there (mapRun): all pages, with handles of up to
+// maxHandlePages where the heap is not fine and of one page where it is;
+// except on a shared device (sharedPages) while fine, where it is the
+// pages wholly inside the block the growth is for (placed at the bottom of
+// the heap's free top block, or at end), which are freed together, with
+// handles of up to sharedPages pages.
+func (h *vmmHeap) growthRange(first, need uint64) (lo, hi, large uint64) {
+	switch {
+	case !h.fine:
+		return 0, ^uint64(0), maxHandlePages
+	case h.sharedPages < 2:
+		return 0, ^uint64(0), 1 // spares fit anywhere; new handles of one page
 	}
 	start := h.end
 	if last, err := h.x.Last(h.base); err == nil && last.Free {
@@ -268,7 +269,7 @@ func (h *vmmHeap) growthRange(first, need uint64) (lo, hi uint64) {
 	if hi > 0 {
 		hi--
 	}
-	return (start - h.base + h.gran - 1) / h.gran, hi
+	return (start - h.base + h.gran - 1) / h.gran, hi, h.sharedPages
 }
 
 // handleStreak is how many handles of the largest size the heap asks for
@@ -278,9 +279,9 @@ const handleStreak = 16
 // mapRun maps up to n pages from page first (at least least of them,
 // else none), then grants access to the whole run. At each page it maps
 // the largest spare that fits: within [lo, hi) and the run, else one of
-// one page; where none fits, a new handle of up to h.most pages where the
-// pages lie in [lo, hi) and the heap is not fine (in a shared growth,
-// growing, of up to sharedPages pages though fine), else of one page.
+// one page; where none fits, a new handle of up to min(large, h.most)
+// pages where the pages lie in [lo, hi), else of one page (callers pass
+// large = 1 where the heap is fine and must move at the finest grain).
 // Spares that fit nowhere in the run are released (dropSpares), at least
 // as many pages as it created: before each new handle, those larger than
 // any run of pages left for them, up to the pages created so far and the
@@ -301,7 +302,7 @@ const handleStreak = 16
 // 1,222–1,225 and 10.4–10.6; remembering it and sizing to free memory,
 // 1,449–1,482 and 9.4–9.8. (Handles of up to 512 pages instead of 64 gave
 // 1,123 and 10.4–10.6.) It returns how many pages it mapped.
-func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
+func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) {
 	var done uint64
 	var err error
 	if h.most == 0 {
@@ -328,12 +329,8 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi uint64) (uint64, error) {
 		mh, k, spare = h.popSpare(1, fit)
 		if !spare {
 			k = 1
-			switch {
-			case p < lo || p >= hi:
-			case !h.fine:
-				k = min(n-done, hi-p, h.most)
-			case h.growing: // a shared growth (growthRange)
-				k = min(n-done, hi-p, h.most, h.sharedPages)
+			if p >= lo && p < hi {
+				k = max(1, min(n-done, hi-p, h.most, large))
 			}
 			// Spares larger than any run of pages left for them fit
 			// nowhere in this run: those it would release at its end (as
@@ -609,7 +606,11 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 	var mappedNow [][2]uint64
 	for _, hole := range runs(h.mapped, first, end, false) {
 		p, q := hole[0], hole[0]+hole[1]
-		if _, err := h.mapRun(p, q-p, q-p, lo, hi); err != nil {
+		large := uint64(maxHandlePages)
+		if h.fine {
+			large = 1
+		}
+		if _, err := h.mapRun(p, q-p, q-p, lo, hi, large); err != nil {
 			for _, r := range mappedNow {
 				if h.unmapRun(r[0], r[1]) == nil {
 					h.holes += r[1]
