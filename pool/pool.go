@@ -67,8 +67,12 @@ type Pool struct {
 	// pressure is 1 + c.allocs at the last failed allocation, 0: none
 	// (mayRecycle, share.go).
 	pressure uint64
-	seen     seenFree   // the device's free memory as this request's growth read it (share.go)
-	scav     *scavenger // nil unless FreeFloorFraction is set (scavenge.go)
+	seen     seenFree // the device's free memory as this request's growth read it (share.go)
+	// devFull: the driver refused a cuMemCreate for want of memory, and
+	// no look at the device's free memory since found room (share.go,
+	// Pool.fullFor).
+	devFull bool
+	scav    *scavenger // nil unless FreeFloorFraction is set (scavenge.go)
 }
 
 // counters are the pool's statistics kept under its lock.
@@ -391,7 +395,7 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 		// Spare physical memory (moved by makeRoom) maps first, and counts
 		// as reserved already.
 		capped, limit, cerr := p.cap()
-		if cerr != nil || (capped && p.reserved()+need-min(need, p.heap.spare()) > limit) {
+		if cerr != nil || (capped && p.reserved()+need-min(need, p.heap.spare()) > limit) || p.fullFor(need) {
 			_, _ = p.x.Free(b.Addr)
 			if cerr != nil {
 				return tlsf.Block{}, cerr
@@ -400,6 +404,7 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 		}
 		p.setFine()
 		err := p.heap.back(b)
+		p.noteRefused()
 		p.noteDropped()
 		if err != nil {
 			_, _ = p.x.Free(b.Addr)
@@ -598,11 +603,13 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 		// free page from other processes before failing.
 		return tlsf.Block{}, fmt.Errorf("pool: %s more needed, %s free: %w", sizeString(need+tail-min(need+tail, spare)), sizeString(free), device.ErrOutOfMemory)
 	}
+	p.devFull = false // the device has room again (Pool.fullFor)
 	before := p.reserved()
 	if h, ok := p.heap.(*vmmHeap); ok {
 		h.freeHint, h.freeHintOK = free, true
 	}
 	err = p.heap.grow(need, want)
+	p.noteRefused()
 	p.noteDropped()
 	if err != nil {
 		return tlsf.Block{}, err

@@ -423,3 +423,47 @@ func TestTheNinetyPercentRuleAllowsForRounding(t *testing.T) {
 	p.c.active = 910 * miB
 	assert.False(t, p.mayRecycle(size), "940 MiB rounded: above 90% × (1 + 1/64)")
 }
+
+// After the driver refuses a cuMemCreate, the pool treats the device as
+// full: holes under a block are not backed with new memory (no
+// cuMemCreate) while cuMemGetInfo reports too little free, and are again
+// once it reports room.
+func TestAFullDeviceIsNotAskedAgain(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxFraction: 0.5, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	ptrs := allocBlocks(t, p, 4, 64*miB)
+	for _, ptr := range ptrs {
+		require.NoError(t, p.Free(ptr))
+	}
+	_, err := p.Trim() // the pages go back; the range stays, in holes
+	require.NoError(t, err)
+	free, _, err := sd.MemGetInfo()
+	require.NoError(t, err)
+	require.NoError(t, sd.Occupy(free), "a neighbour takes the rest of the device")
+
+	creates := func() uint64 { return p.Stats().DeviceCalls[device.CallMemCreate] }
+	_, err = p.Alloc(64 * miB)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	checkStep(t, p, d)
+	p.mu.Lock()
+	full := p.devFull
+	p.mu.Unlock()
+	require.True(t, full, "the refusal is remembered")
+
+	before := creates()
+	for _, n := range []uint64{32, 16, 8} { // smaller each time: the memo does not skip them
+		_, err = p.Alloc(n * miB)
+		require.ErrorIs(t, err, ErrOutOfMemory)
+	}
+	assert.Equal(t, before, creates(), "a full device is not asked for memory")
+	checkStep(t, p, d)
+
+	sd.Vacate(free)
+	ptr, err := p.Alloc(64 * miB)
+	require.NoError(t, err, "room again: the holes are backed")
+	assert.Greater(t, creates(), before)
+	require.NoError(t, sd.MemsetD32(ptr, 1, wordCount(64*miB)))
+	require.NoError(t, p.Free(ptr))
+	checkStep(t, p, d)
+}

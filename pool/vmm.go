@@ -105,6 +105,9 @@ type vmmHeap struct {
 	// handles without asking again; valid while freeHintOK.
 	freeHint   uint64
 	freeHintOK bool
+	// refused: the driver refused a cuMemCreate for want of memory
+	// since the pool last asked (Pool.noteRefused).
+	refused bool
 	// note, when set (history on), is told of every run of pages mapped
 	// or unmapped: address and bytes (history.go).
 	note func(addr, size uint64, mapped bool)
@@ -355,11 +358,13 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) 
 			}
 			mh, err = h.dev.MemCreate(k * h.gran)
 			for err != nil && k > 1 {
+				h.refused = h.refused || errors.Is(err, device.ErrOutOfMemory)
 				h.most, h.streak = max(k/2, 1), 0
 				k = h.most
 				mh, err = h.dev.MemCreate(k * h.gran)
 			}
 			if err != nil {
+				h.refused = h.refused || errors.Is(err, device.ErrOutOfMemory)
 				break
 			}
 			free -= min(free, k*h.gran)

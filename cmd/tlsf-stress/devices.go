@@ -33,7 +33,7 @@ type devices struct {
 // simulated device where there is no driver or no GPU. shadow keeps the
 // simulated memory's contents (verification needs it).
 func openDevices(g *globalFlags, shadow bool) (*devices, error) {
-	ds := &devices{kind: g.device, sd: sim.Config{Shadow: shadow, Capacity: uint64(g.simCapacity)}}
+	ds := &devices{kind: g.device, sd: sim.Config{Shadow: shadow, Capacity: uint64(g.simCapacity), RealTime: g.simRealTime}}
 	if ds.kind == deviceSim {
 		return ds, nil
 	}

@@ -14,7 +14,11 @@
 //
 // Every subcommand takes --device cuda|sim (default: cuda where a CUDA
 // driver and GPU 0 are found, else sim) and --sim-capacity BYTES (the
-// simulated GPU's memory; default an H200's 143771 MiB). Byte counts take
+// simulated GPU's memory; default an H200's 143771 MiB) and
+// --sim-real-time (the simulated GPU's driver calls take their modelled
+// H200 durations in real time, outside its lock, so that multi's
+// simulated processes interleave as on a GPU: sim.Config.RealTime; runs
+// take longer). Byte counts take
 // the suffixes KiB, MiB, GiB, TiB (or K, M, G, T; binary). A cap written
 // with a decimal point, such as 0.5, is a fraction of the device's total
 // memory.

@@ -66,6 +66,7 @@ const minSimCapacity = 2 << 20
 type globalFlags struct {
 	device      string   // "", "cuda" or "sim"
 	simCapacity sizeFlag // bytes of a simulated GPU; 0: an H200's
+	simRealTime bool     // the simulated GPU's calls take their modelled time (sim.Config.RealTime)
 }
 
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -98,6 +99,7 @@ trace: our best pool backend against the best peer. It is 'replay --min-cap'.`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.device, "device", "", "cuda or sim (default: cuda where a CUDA driver and GPU are found, else sim)")
 	pf.Var(&g.simCapacity, "sim-capacity", "memory of the simulated GPU in bytes (suffixes KiB, MiB, GiB, TiB) (default: an H200's 143771 MiB)")
+	pf.BoolVar(&g.simRealTime, "sim-real-time", false, "the simulated GPU's driver calls take their modelled H200 durations in real time, so that processes sharing it interleave as on a GPU")
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
 		if g.simCapacity > 0 && g.simCapacity < minSimCapacity {
 			return usagef("--sim-capacity %d: below the simulated GPU's allocation granularity of %d bytes (2 MiB), no pool could map a page", uint64(g.simCapacity), minSimCapacity)

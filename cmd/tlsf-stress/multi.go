@@ -149,6 +149,9 @@ func (o *childOpts) args(g *globalFlags, kind string) []string {
 	if g.simCapacity > 0 {
 		a = append(a, "--sim-capacity", g.simCapacity.String())
 	}
+	if g.simRealTime {
+		a = append(a, "--sim-real-time")
+	}
 	return a
 }
 

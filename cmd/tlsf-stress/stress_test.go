@@ -236,13 +236,24 @@ func TestMultiOnSimSharesCapacity(t *testing.T) {
 	}
 	assert.Positive(t, ooms, "1.5× oversubscribed: some allocations must fail, cleanly")
 
-	out, errs, status = cli(t, "multi", "--device", "sim", "--sim-capacity", "2GiB", "--procs", "2", "--ops", "500")
+	// --sim-real-time: the same, with driver calls taking their time.
+	out, errs, status = cli(t, "multi", "--device", "sim", "--sim-real-time", "--sim-capacity", "2GiB", "--procs", "2", "--ops", "500")
 	require.Equal(t, exitOK, status, errs)
 	assert.Contains(t, out, "simulated processes sharing one simulated GPU")
 	assert.Contains(t, out, "out-of-memory errors:")
 	assert.Contains(t, out, "of them from requests within 90% of the share")
 	assert.Contains(t, out, "fairness: max share / min share")
 	assert.Contains(t, out, "calls/op")
+}
+
+// A child process gets the simulated GPU's flags.
+func TestMultiChildArgsCarryTheSimFlags(t *testing.T) {
+	o := &childOpts{}
+	g := &globalFlags{simCapacity: sizeFlag(4 << 30), simRealTime: true}
+	args := o.args(g, deviceSim)
+	assert.Contains(t, args, "--sim-real-time")
+	assert.Contains(t, args, "--sim-capacity")
+	assert.NotContains(t, (&childOpts{}).args(&globalFlags{}, deviceSim), "--sim-real-time")
 }
 
 func TestMultiExecRunsChildProcesses(t *testing.T) {

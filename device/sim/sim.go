@@ -61,6 +61,7 @@ package sim
 import (
 	"fmt"
 	"math/bits"
+	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -140,6 +141,14 @@ type Config struct {
 	// from the shared capacity (as much of it as is free). Default 0;
 	// H200ContextBytes is what a context holds on an H200.
 	ContextBytes uint64
+	// RealTime makes each call also take its modelled duration in real
+	// time, after it has done its work and outside the GPU's lock (a
+	// busy wait that yields the processor), so that processes sharing the
+	// simulated GPU interleave as those on a real one do: while one
+	// waits for a cuMemCreate, the others run and take or give back
+	// memory. Default false: calls return at once and only SimTime counts
+	// their duration.
+	RealTime bool
 }
 
 // H200Capacity is the default Capacity, in bytes: an H200's 143771 MiB.
@@ -322,7 +331,18 @@ func (s *Device) do(c device.Call, f func() (size uint64, err error)) error {
 		(*h)(c)
 	}
 	s.g.mu.Lock()
-	defer s.g.mu.Unlock()
+	before := s.times[c]
+	err := s.doLocked(c, f)
+	spent := s.times[c] - before
+	s.g.mu.Unlock()
+	if s.cfg.RealTime {
+		wait(spent)
+	}
+	return err
+}
+
+// doLocked is do's part under the lock.
+func (s *Device) doLocked(c device.Call, f func() (size uint64, err error)) error {
 	s.counts[c]++
 	s.times[c] += s.lat.Overhead
 	if s.closed {
@@ -336,6 +356,15 @@ func (s *Device) do(c device.Call, f func() (size uint64, err error)) error {
 		s.times[c] += s.lat.Cost[c](size)
 	}
 	return err
+}
+
+// wait returns after d of real time (Config.RealTime), yielding the
+// processor meanwhile: driver calls last microseconds, below what a
+// timer sleeps reliably.
+func wait(d time.Duration) {
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		runtime.Gosched()
+	}
 }
 
 // doPer is do for a call that works on several mappings at once

@@ -532,3 +532,15 @@ func TestSimCheckDetectsCorruption(t *testing.T) {
 		})
 	}
 }
+
+// With RealTime a call returns no sooner than its modelled duration; the
+// model's time is charged as without it.
+func TestRealTimeCallsTakeTheirModelledTime(t *testing.T) {
+	s := New(Config{RealTime: true})
+	start := time.Now()
+	h, err := s.MemCreate(2 * simMiB)
+	require.NoError(t, err)
+	require.NoError(t, s.MemRelease(h))
+	assert.GreaterOrEqual(t, time.Since(start), s.SimTime(), "at least the modelled time passed")
+	assert.Equal(t, New(Config{}).lat.Of(device.CallMemCreate, 2*simMiB), s.SimTimeByCall()[device.CallMemCreate])
+}
