@@ -378,13 +378,13 @@ func (p *Pool) placeMapped(h *vmmHeap, b tlsf.Block, need uint64, alloc func() (
 // or in fullFor, before it would fail a request the device could serve.
 //
 // Measured on the H200 (2026-12-01, tlsf-stress multi --ops 20000, seeds
-// 1 and 2, medians per process, against the code without the rule in the
-// same run): K = 2, 4.44 driver calls per operation and 3,225 operations
-// per second against 9.71 and 2,232; K = 3, 3.28 and 2,380 against 8.06
-// and 1,590; K = 4, 4.73 and 1,978 against 7.00 and 1,557; out-of-memory
-// errors within 90% of the share 62 of 66,215 against 40 of 64,933. On
+// 1 to 3, medians per process, against the code without the rule in the
+// same run): K = 2, 4.59 driver calls per operation and 2,600 operations
+// per second against 10.06 and 1,735; K = 3, 3.37 and 2,026 against 7.58
+// and 1,444; K = 4, 4.89 and 1,652 against 7.67 and 1,208; out-of-memory
+// errors within 90% of the share 72 of 98,970 against 59 of 98,105. On
 // the simulated H200 with its calls taking real time (--sim-real-time),
-// K = 2 and 4: 3.29 and 3.09 calls per operation against 3.69 and 5.57.
+// K = 2 and 4: 3.0–3.3 calls per operation against 3.7 and 5.6.
 
 // fullFor reports whether backing need bytes of holes would ask a full
 // device for memory: the pool found it full (devFull), its spares do not
