@@ -102,7 +102,11 @@
 // failure, so that until it next frees a block, a request at least as
 // large fails without repeating the work; and for 256 allocations after a
 // failure it gathers no scattered pages above 90% of its cap, so that a
-// job asking for more than its share fails fast instead of thrashing. Unused
+// job asking for more than its share fails fast instead of thrashing.
+// Once the driver refuses it a cuMemCreate for want of memory, it backs
+// released pages with its own memory, moved as above, and asks the
+// driver for none until cuMemGetInfo reports room (one call each time it
+// would). Unused
 // memory goes back to other processes through FreeFloorFraction, Trim or
 // a scavenger, not on every error (share.go).
 //

@@ -172,7 +172,9 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 		}
 		if initial > 0 {
 			p.setFine()
-			if err := p.heap.grow(initial, initial); err != nil {
+			err := p.heap.grow(initial, initial)
+			p.noteRefused()
+			if err != nil {
 				_ = p.heap.close()
 				return nil, fmt.Errorf("pool: initial reserve of %d bytes: %w", initial, err)
 			}

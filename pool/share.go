@@ -389,13 +389,19 @@ func (p *Pool) placeMapped(h *vmmHeap, b tlsf.Block, need uint64, alloc func() (
 // fullFor reports whether backing need bytes of holes would ask a full
 // device for memory: the pool found it full (devFull), its spares do not
 // cover need, and cuMemGetInfo still reports less than the rest free (one
-// driver call; finding enough clears devFull).
+// driver call; finding enough clears devFull). Where cuMemGetInfo fails,
+// it reports false: the mapping's cuMemCreate decides, and a failure there
+// is the driver's own error.
 func (p *Pool) fullFor(need uint64) bool {
 	spare := p.heap.spare()
 	if !p.devFull || need <= spare {
 		return false
 	}
-	if free, _, err := p.dev.MemGetInfo(); err == nil && free >= need-spare {
+	free, _, err := p.dev.MemGetInfo()
+	if err != nil {
+		return false // the mapping's cuMemCreate decides
+	}
+	if free >= need-spare {
 		p.devFull = false
 		return false
 	}
@@ -403,7 +409,9 @@ func (p *Pool) fullFor(need uint64) bool {
 }
 
 // noteRefused marks the device full where the heap's last mapping had a
-// cuMemCreate refused for want of memory (vmmHeap.refused).
+// cuMemCreate refused for want of memory (vmmHeap.refused), also one of a
+// larger handle that a smaller one then replaced: the device had less
+// free than the mapping asked for.
 func (p *Pool) noteRefused() {
 	if h, ok := p.heap.(*vmmHeap); ok && h.refused {
 		h.refused = false

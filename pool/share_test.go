@@ -466,4 +466,17 @@ func TestAFullDeviceIsNotAskedAgain(t *testing.T) {
 	require.NoError(t, sd.MemsetD32(ptr, 1, wordCount(64*miB)))
 	require.NoError(t, p.Free(ptr))
 	checkStep(t, p, d)
+
+	// A growth that finds room forgets the refusal too.
+	p.mu.Lock()
+	p.devFull = true
+	p.mu.Unlock()
+	ptr, err = p.Alloc(300 * miB) // larger than the heap's free range: it grows
+	require.NoError(t, err)
+	p.mu.Lock()
+	full = p.devFull
+	p.mu.Unlock()
+	assert.False(t, full, "the growth found room")
+	require.NoError(t, p.Free(ptr))
+	checkStep(t, p, d)
 }

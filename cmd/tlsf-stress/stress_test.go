@@ -236,14 +236,28 @@ func TestMultiOnSimSharesCapacity(t *testing.T) {
 	}
 	assert.Positive(t, ooms, "1.5× oversubscribed: some allocations must fail, cleanly")
 
-	// --sim-real-time: the same, with driver calls taking their time.
-	out, errs, status = cli(t, "multi", "--device", "sim", "--sim-real-time", "--sim-capacity", "2GiB", "--procs", "2", "--ops", "500")
+	// --sim-real-time: the same, driver calls taking their time.
+	out, errs, status = cli(t, "multi", "--device", "sim", "--sim-real-time", "--sim-capacity", "2GiB", "--procs", "2", "--ops", "500", "--json")
+	require.Equal(t, exitOK, status, errs)
+	assert.Len(t, jsonLines(t, out), 2)
+
+	out, errs, status = cli(t, "multi", "--device", "sim", "--sim-capacity", "2GiB", "--procs", "2", "--ops", "500")
 	require.Equal(t, exitOK, status, errs)
 	assert.Contains(t, out, "simulated processes sharing one simulated GPU")
 	assert.Contains(t, out, "out-of-memory errors:")
 	assert.Contains(t, out, "of them from requests within 90% of the share")
 	assert.Contains(t, out, "fairness: max share / min share")
 	assert.Contains(t, out, "calls/op")
+}
+
+// --sim-real-time reaches the simulated GPU's configuration.
+func TestSimRealTimeConfiguresTheSimulatedGPU(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		ds, err := openDevices(&globalFlags{device: deviceSim, simRealTime: on}, false)
+		require.NoError(t, err)
+		assert.Equal(t, on, ds.sd.RealTime)
+		ds.close()
+	}
 }
 
 // A child process gets the simulated GPU's flags.

@@ -330,19 +330,25 @@ func (s *Device) do(c device.Call, f func() (size uint64, err error)) error {
 	if h := s.hook.Load(); h != nil {
 		(*h)(c)
 	}
-	s.g.mu.Lock()
-	before := s.times[c]
-	err := s.doLocked(c, f)
-	spent := s.times[c] - before
-	s.g.mu.Unlock()
+	spent, err := s.doLocked(c, f)
 	if s.cfg.RealTime {
 		wait(spent)
 	}
 	return err
 }
 
-// doLocked is do's part under the lock.
-func (s *Device) doLocked(c device.Call, f func() (size uint64, err error)) error {
+// doLocked is do's part under the lock; it returns the modelled time the
+// call spent.
+func (s *Device) doLocked(c device.Call, f func() (size uint64, err error)) (time.Duration, error) {
+	s.g.mu.Lock()
+	defer s.g.mu.Unlock()
+	before := s.times[c]
+	err := s.account(c, f)
+	return s.times[c] - before, err
+}
+
+// account counts and charges one call and runs f (s.g.mu held).
+func (s *Device) account(c device.Call, f func() (size uint64, err error)) error {
 	s.counts[c]++
 	s.times[c] += s.lat.Overhead
 	if s.closed {
@@ -358,11 +364,22 @@ func (s *Device) doLocked(c device.Call, f func() (size uint64, err error)) erro
 	return err
 }
 
-// wait returns after d of real time (Config.RealTime), yielding the
-// processor meanwhile: driver calls last microseconds, below what a
-// timer sleeps reliably.
+// waitSleepAbove: wait sleeps through all but this much of a longer wait
+// and spins the rest, so that a process waiting milliseconds for a call
+// (a large cuMemRelease) leaves its CPU to the others, as a real one
+// blocked in the driver does; a timer is not precise below it.
+const waitSleepAbove = time.Millisecond
+
+// wait returns after d of real time (Config.RealTime): it sleeps through
+// most of a wait longer than waitSleepAbove and spins the rest, yielding
+// the processor, since driver calls last microseconds, below what a timer
+// sleeps reliably.
 func wait(d time.Duration) {
-	for end := time.Now().Add(d); time.Now().Before(end); {
+	end := time.Now().Add(d)
+	if d > waitSleepAbove {
+		time.Sleep(d - waitSleepAbove)
+	}
+	for time.Now().Before(end) {
 		runtime.Gosched()
 	}
 }
