@@ -222,10 +222,16 @@
 // re-executes itself K times (hidden subcommand multi-child); each child
 // prints its outcome as one JSON line, run's object plus proc, pid,
 // max_fraction, exit_status, total_bytes, share (peak reserved over total
-// memory), device_calls_per_op (the pool's driver calls per operation)
-// and fairness (max share / min share over all processes, filled in by
-// the parent), and the parent prints a table with share and calls/op per
-// process and a fairness line (or, with --json, the children's lines).
+// memory), device_calls_per_op (the pool's driver calls per operation),
+// out_of_memory_within_90pct_of_share (failed requests that would have
+// left the live bytes, counted from before the request, within 90% of
+// the share), out_of_memory_still_within_90pct_of_share (those of them
+// still within it when the request returned: in the others another
+// goroutine's allocation came first) and fairness (max share / min share
+// over all processes, filled in by the parent), and the parent prints a
+// table with share and calls/op per process, a line with the
+// out-of-memory counts and a fairness line (or, with --json, the
+// children's lines).
 // Each process prints progress lines, prefixed [proc i], every
 // --progress-interval. A simulated GPU cannot span processes, so
 // on the simulated device the K processes are goroutines, each a

@@ -126,6 +126,11 @@ type childResult struct {
 	// would have left the live bytes within 90% of the pool's share
 	// (MaxFraction × total): a pool should serve those.
 	OOMWithinShare int64 `json:"out_of_memory_within_90pct_of_share"`
+	// OOMStillWithin counts those of them whose live bytes were still
+	// within 90% of the share, the request included, when it returned:
+	// the others may have been above it when the pool decided, another
+	// goroutine's allocation having come first.
+	OOMStillWithin int64 `json:"out_of_memory_still_within_90pct_of_share"`
 	*runResult
 }
 
@@ -229,7 +234,7 @@ func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts,
 	rep := s.run()
 	stop()
 	res.runResult = summarize(ds, dev, a, &o.workloadFlags, rep)
-	res.TotalBytes, res.OOMWithinShare = total, rep.OOMsWithin
+	res.TotalBytes, res.OOMWithinShare, res.OOMStillWithin = total, rep.OOMsWithin, rep.OOMsStill
 	res.CapBytes = cfg.share // MaxFraction × total
 	if total > 0 {
 		res.Share = float64(res.PeakReservedBytes) / float64(total)
@@ -426,7 +431,7 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 		o.procs, how, ds.name(), ds.kind, o.backend, o.fraction, gib(target), o.oversubscribe)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "proc\tpid\tops\tallocs\tfrees\tout of memory\twithin 90%\tpeak live\tpeak reserved\tshare\tcalls/op\tproblems\terrors\tstatus\t")
-	var ooms, within int64
+	var ooms, within, still int64
 	for _, r := range results {
 		status := "ok"
 		if !r.OK {
@@ -434,6 +439,7 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 		}
 		ooms += r.OutOfMemory
 		within += r.OOMWithinShare
+		still += r.OOMStillWithin
 		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%.3f\t%.2f\t%d\t%d\t%s\t\n", r.Proc, r.PID, r.Ops, r.Allocs, r.Frees, r.OutOfMemory, r.OOMWithinShare,
 			gib(r.PeakLiveBytes), gib(r.PeakReservedBytes), r.Share, r.CallsPerOp, r.ProblemCount, r.ErrorCount, status)
 	}
@@ -446,7 +452,7 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 			fmt.Fprintf(w, "  proc %d ERROR: %s\n", r.Proc, e)
 		}
 	}
-	fmt.Fprintf(w, "out-of-memory errors: %d in all (expected when oversubscribed; each one a clean ErrOutOfMemory), %d of them from requests within 90%% of the share\n", ooms, within)
+	fmt.Fprintf(w, "out-of-memory errors: %d in all (expected when oversubscribed; each one a clean ErrOutOfMemory), %d of them from requests within 90%% of the share (%d still within it when they returned; in the others another goroutine's allocation came first)\n", ooms, within, still)
 	if len(results) > 0 {
 		fmt.Fprintf(w, "fairness: max share / min share = %.3f (shares of peak reserved over total memory)\n", results[0].Fairness)
 	}

@@ -90,6 +90,7 @@ func (b *liveBlock) String() string {
 type stressReport struct {
 	Ops, Allocs, Frees, OOMs int64
 	OOMsWithin               int64 // out-of-memory errors within 90% of stressConfig.share
+	OOMsStill                int64 // of them, still within it when the request returned
 	VerifiedBytes            uint64
 	VerifiedBlocks           int64
 	PeakLive                 uint64
@@ -113,6 +114,7 @@ type stress struct {
 	allocs, frees   atomic.Int64
 	ooms            atomic.Int64
 	oomsWithin      atomic.Int64 // of them, within 90% of cfg.share
+	oomsStill       atomic.Int64 // of those, still within it when the request returned
 	verifiedBytes   atomic.Uint64
 	verifiedBlocks  atomic.Int64
 	live, peakLive  atomic.Uint64
@@ -180,7 +182,7 @@ func (s *stress) runWorkers(work func(g int)) time.Time {
 // problems found after it (lost blocks, a simulated device's violations).
 func (s *stress) report(start time.Time, check func()) *stressReport {
 	rep := &stressReport{
-		Ops: s.done.Load(), Allocs: s.allocs.Load(), Frees: s.frees.Load(), OOMs: s.ooms.Load(), OOMsWithin: s.oomsWithin.Load(),
+		Ops: s.done.Load(), Allocs: s.allocs.Load(), Frees: s.frees.Load(), OOMs: s.ooms.Load(), OOMsWithin: s.oomsWithin.Load(), OOMsStill: s.oomsStill.Load(),
 		VerifiedBytes: s.verifiedBytes.Load(), VerifiedBlocks: s.verifiedBlocks.Load(),
 		PeakLive: s.peakLive.Load(), Elapsed: time.Since(start),
 	}
@@ -349,6 +351,12 @@ func (w *worker) alloc(size uint64) *liveBlock {
 		s.held.Add(^(size - 1))
 		if s.cfg.share > 0 && isOOM(err) && float64(held) <= shareMargin*float64(s.cfg.share) {
 			s.oomsWithin.Add(1)
+			// Another goroutine's block allocated meanwhile (its request
+			// began after this one's) may have taken the live bytes above
+			// the margin by the time the pool decided.
+			if float64(s.held.Load()+size) <= shareMargin*float64(s.cfg.share) {
+				s.oomsStill.Add(1)
+			}
 		}
 		s.allocFailed(err, "allocating %d bytes", size)
 		return nil

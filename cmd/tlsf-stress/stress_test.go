@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/device/sim"
+	"github.com/gpumem/tlsf/pool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -224,7 +225,7 @@ func TestMultiOnSimSharesCapacity(t *testing.T) {
 		assert.Equal(t, true, m["ok"], "%v", m)
 		assert.Equal(t, m["allocs"], m["frees"])
 		assert.Contains(t, m, "max_fraction")
-		for _, k := range []string{"share", "device_calls_per_op", "fairness", "total_bytes", "out_of_memory_within_90pct_of_share"} {
+		for _, k := range []string{"share", "device_calls_per_op", "fairness", "total_bytes", "out_of_memory_within_90pct_of_share", "out_of_memory_still_within_90pct_of_share"} {
 			assert.Contains(t, m, k)
 		}
 		var fair float64
@@ -246,6 +247,7 @@ func TestMultiOnSimSharesCapacity(t *testing.T) {
 	assert.Contains(t, out, "simulated processes sharing one simulated GPU")
 	assert.Contains(t, out, "out-of-memory errors:")
 	assert.Contains(t, out, "of them from requests within 90% of the share")
+	assert.Contains(t, out, "still within it when they returned")
 	assert.Contains(t, out, "fairness: max share / min share")
 	assert.Contains(t, out, "calls/op")
 }
@@ -286,4 +288,49 @@ func TestMultiExecRunsChildProcesses(t *testing.T) {
 		pids[fmt.Sprint(m["pid"])] = true
 	}
 	assert.Len(t, pids, 2, "two processes")
+}
+
+// oomAlloc fails every allocation with pool.ErrOutOfMemory; with during
+// set, it runs it first, as if another goroutine's allocation landed
+// while the request was in the pool.
+type oomAlloc struct {
+	allocator
+	during func()
+}
+
+func (a *oomAlloc) AllocOn(size uint64, s device.Stream) (uintptr, error) {
+	if a.during != nil {
+		a.during()
+	}
+	return 0, pool.ErrOutOfMemory
+}
+
+// Failures within 90% of the share are counted from the live bytes before
+// the request; those still within it when it returned, separately.
+func TestStressCountsFailuresWithinTheShare(t *testing.T) {
+	sd := sim.New(sim.Config{Shadow: true, Capacity: 1 << 30})
+	inner, err := newAllocator(sd, backendVMM, allocOptions{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, inner.close()) }()
+	cfg := stressConfig{goroutines: 1, ops: 10, slots: 4, verify: verifyNone, seed: 1, share: 1 << 20,
+		sizes: func(*rand.Rand) uint64 { return 4096 }}
+
+	rep := newStress(context.Background(), sd, &oomAlloc{allocator: inner}, cfg).run()
+	assert.Equal(t, int64(10), rep.OOMsWithin)
+	assert.Equal(t, int64(10), rep.OOMsStill, "nothing else allocated meanwhile")
+
+	// Another goroutine's block of a whole share lands during the first
+	// request and stays: that request began within the margin and ended
+	// above it; the later ones begin above it.
+	a := &oomAlloc{allocator: inner}
+	s := newStress(context.Background(), sd, a, cfg)
+	a.during = func() {
+		if s.held.Load() < 1<<20 {
+			s.held.Add(1 << 20)
+		}
+	}
+	rep = s.run()
+	assert.Equal(t, int64(10), rep.OOMs)
+	assert.Equal(t, int64(1), rep.OOMsWithin)
+	assert.Zero(t, rep.OOMsStill, "above the margin by the time it returned")
 }
