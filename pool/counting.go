@@ -16,6 +16,16 @@ type counted struct {
 	// heaps, when a memory checker watches the pool (nvtx.go), hears of
 	// every piece of device memory the heap takes and returns.
 	heaps *memWatch
+	// lastFree is the device's free memory in bytes as the last
+	// successful cuMemGetInfo reported it, valid once lastFreeOK.
+	lastFree   atomic.Uint64
+	lastFreeOK atomic.Bool
+}
+
+// seenFree returns the device's free memory as the pool's last
+// cuMemGetInfo reported it, and whether it made one; no driver call.
+func (c *counted) seenFree() (uint64, bool) {
+	return c.lastFree.Load(), c.lastFreeOK.Load()
 }
 
 func (c *counted) counts() device.Counts {
@@ -28,7 +38,12 @@ func (c *counted) counts() device.Counts {
 
 func (c *counted) MemGetInfo() (uint64, uint64, error) {
 	c.n[device.CallMemGetInfo].Add(1)
-	return c.Device.MemGetInfo()
+	free, total, err := c.Device.MemGetInfo()
+	if err == nil {
+		c.lastFree.Store(free)
+		c.lastFreeOK.Store(true)
+	}
+	return free, total, err
 }
 
 func (c *counted) MemAlloc(size uint64) (uintptr, error) {

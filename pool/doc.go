@@ -103,10 +103,12 @@
 // large fails without repeating the work; and for 256 allocations after a
 // failure it gathers no scattered pages above 90% of its cap, so that a
 // job asking for more than its share fails fast instead of thrashing.
-// Once the driver refuses it a cuMemCreate for want of memory, it backs
-// released pages with its own memory, moved as above, and asks the
-// driver for none until cuMemGetInfo reports room (one call each time it
-// would). Unused
+// Once the driver refuses it a cuMemCreate for want of memory, the memory
+// it holds becomes a limit: it backs released pages with its own memory,
+// moved as above, and maps new memory past the limit only where
+// cuMemGetInfo (one call) reports room, looking for every request within
+// 90% of its cap and for one in 16 of the others, which lifts the limit
+// when it finds room. Unused
 // memory goes back to other processes through FreeFloorFraction, Trim or
 // a scavenger, not on every error (share.go).
 //

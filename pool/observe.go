@@ -59,12 +59,22 @@ func (p *Pool) runOOMHook(size uint64) error {
 
 // oomError builds ErrOutOfMemory's message for a request of size bytes:
 // the request, allocated and reserved bytes, the cap, the largest block
-// the pool could allocate now and the device's free memory. Pool lock
-// held.
+// the pool could allocate now and the device's free memory, as this
+// request's growth attempt read it or else, in a pool with a heap, the
+// pool's last cuMemGetInfo did (the message says so): a request failed
+// without a look at the device (at the cap, or at a full device's limit)
+// makes no driver call for its message. A passthrough pool asks the
+// driver: its failures are the driver's own. Pool lock held.
 func (p *Pool) oomError(size uint64, cause error) error {
 	free, total := p.seen.free, p.total
+	when := ""
 	if !p.seen.ok { // no growth attempt read it during this request
-		free, total, _ = p.dev.MemGetInfo()
+		var ok bool
+		if free, ok = p.dev.seenFree(); ok && p.pt == nil {
+			when = " at the pool's last look"
+		} else {
+			free, total, _ = p.dev.MemGetInfo()
+		}
 	}
 	limit := "no cap"
 	if capped, c := p.capFrom(free); capped {
@@ -75,9 +85,9 @@ func (p *Pool) oomError(size uint64, cause error) error {
 	if p.pt == nil {
 		space = fmt.Sprintf(" (the index's largest free block: %s of address space)", sizeString(p.x.LargestFree()))
 	}
-	msg := fmt.Sprintf("request of %s; allocated %s, reserved %s (%s); largest block that could be allocated %s%s; device free %s of %s",
+	msg := fmt.Sprintf("request of %s; allocated %s, reserved %s (%s); largest block that could be allocated %s%s; device free %s of %s%s",
 		sizeString(size), sizeString(p.c.allocated), sizeString(p.reserved()), limit,
-		sizeString(largest), space, sizeString(free), sizeString(total))
+		sizeString(largest), space, sizeString(free), sizeString(total), when)
 	p.logOOM(size, free, largest)
 	if isOOM(cause) {
 		return fmt.Errorf("%w: %s: %w", ErrOutOfMemory, msg, cause)

@@ -69,10 +69,14 @@ type Pool struct {
 	pressure uint64
 	seen     seenFree // the device's free memory as this request's growth read it (share.go)
 	// devFull: the driver refused a cuMemCreate for want of memory, and
-	// no look at the device's free memory since found room (share.go,
-	// Pool.fullFor).
-	devFull bool
-	scav    *scavenger // nil unless FreeFloorFraction is set (scavenge.go)
+	// no look at the device's free memory since found room; devLimit is
+	// the memory the pool had reserved then, in bytes; probeSkip counts
+	// the requests beyond recycleLiveFraction of the cap still to fail
+	// without a look (share.go, Pool.fullFor).
+	devFull   bool
+	devLimit  uint64
+	probeSkip int
+	scav      *scavenger // nil unless FreeFloorFraction is set (scavenge.go)
 }
 
 // counters are the pool's statistics kept under its lock.
@@ -397,7 +401,7 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 		// Spare physical memory (moved by makeRoom) maps first, and counts
 		// as reserved already.
 		capped, limit, cerr := p.cap()
-		if cerr != nil || (capped && p.reserved()+need-min(need, p.heap.spare()) > limit) || p.fullFor(need) {
+		if cerr != nil || (capped && p.reserved()+need-min(need, p.heap.spare()) > limit) || p.fullFor(size, need) {
 			_, _ = p.x.Free(b.Addr)
 			if cerr != nil {
 				return tlsf.Block{}, cerr
@@ -584,6 +588,10 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	if capped && res+need+tail > limit {
 		return tlsf.Block{}, errNoRoom
 	}
+	more := need + tail - min(need+tail, spare) // new memory, beyond the spares
+	if p.fullBeyond(size, more) {
+		return tlsf.Block{}, fmt.Errorf("pool: the device was full at %s reserved: %w", sizeString(p.devLimit), device.ErrOutOfMemory)
+	}
 	free, _, err := p.dev.MemGetInfo()
 	if err != nil {
 		return tlsf.Block{}, err
@@ -600,12 +608,12 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	}
 	p.setFine()
 	p.setShared(free)
-	if need+tail > free+spare {
+	beyond := p.devFull && more > 0 && p.reserved()+more > p.devLimit && !p.withinLive(size)
+	if !p.looked(more <= free, beyond) {
 		// The device has not got it: asking page by page would take every
 		// free page from other processes before failing.
-		return tlsf.Block{}, fmt.Errorf("pool: %s more needed, %s free: %w", sizeString(need+tail-min(need+tail, spare)), sizeString(free), device.ErrOutOfMemory)
+		return tlsf.Block{}, fmt.Errorf("pool: %s more needed, %s free: %w", sizeString(more), sizeString(free), device.ErrOutOfMemory)
 	}
-	p.devFull = false // the device has room again (Pool.fullFor)
 	before := p.reserved()
 	if h, ok := p.heap.(*vmmHeap); ok {
 		h.freeHint, h.freeHintOK = free, true

@@ -467,16 +467,46 @@ func TestAFullDeviceIsNotAskedAgain(t *testing.T) {
 	require.NoError(t, p.Free(ptr))
 	checkStep(t, p, d)
 
-	// A growth that finds room forgets the refusal too.
-	p.mu.Lock()
-	p.devFull = true
-	p.mu.Unlock()
-	ptr, err = p.Alloc(300 * miB) // larger than the heap's free range: it grows
+	// While the device was found full, a request within 90% of the cap
+	// that finds room grows and leaves the limit; one beyond it that finds
+	// room lifts the limit.
+	setFull := func() {
+		p.mu.Lock()
+		p.devFull, p.devLimit, p.probeSkip = true, p.reserved(), 0
+		p.mu.Unlock()
+	}
+	isFull := func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.devFull
+	}
+	setFull()
+	big, err := p.Alloc(400 * miB) // 78% of the 512 MiB cap: within
 	require.NoError(t, err)
-	p.mu.Lock()
-	full = p.devFull
-	p.mu.Unlock()
-	assert.False(t, full, "the growth found room")
-	require.NoError(t, p.Free(ptr))
+	assert.True(t, isFull(), "a request within 90% leaves the limit")
+	more, err := p.Alloc(80 * miB) // 94%: beyond
+	require.NoError(t, err)
+	assert.False(t, isFull(), "a request beyond it found room and lifted the limit")
+	checkStep(t, p, d)
+
+	// Found full again, a look that finds no room for a request beyond
+	// 90% makes the next fullProbeSkips such requests fail without one.
+	setFull()
+	free, _, err = sd.MemGetInfo()
+	require.NoError(t, err)
+	require.NoError(t, sd.Occupy(free))
+	infos := func() uint64 { return p.Stats().DeviceCalls[device.CallMemGetInfo] }
+	_, err = p.Alloc(24 * miB) // 98%: beyond, and it needs new memory
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	before = infos()
+	for i := range fullProbeSkips / 2 {
+		_, err = p.Alloc(uint64(20-i) * miB) // smaller each time: not remembered
+		require.ErrorIs(t, err, ErrOutOfMemory)
+	}
+	assert.Equal(t, before, infos(), "no look at the device")
+	checkStep(t, p, d)
+	sd.Vacate(free)
+	require.NoError(t, p.Free(big))
+	require.NoError(t, p.Free(more))
 	checkStep(t, p, d)
 }
