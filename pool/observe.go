@@ -61,10 +61,12 @@ func (p *Pool) runOOMHook(size uint64) error {
 // the request, allocated and reserved bytes, the cap, the largest block
 // the pool could allocate now and the device's free memory, as this
 // request's growth attempt read it or else, in a pool with a heap, the
-// pool's last cuMemGetInfo did (the message says so): a request failed
-// without a look at the device (at the cap, or at a full device's limit)
-// makes no driver call for its message. A passthrough pool asks the
-// driver: its failures are the driver's own. Pool lock held.
+// pool's last cuMemGetInfo did (the message says so, and the largest
+// block is then what the pool could allocate from the memory it holds,
+// within the cap): a request failed without a look at the device (at the
+// cap, or at a full device's limit) makes no driver call for its
+// message. A passthrough pool asks the driver: its failures are the
+// driver's own. Pool lock held.
 func (p *Pool) oomError(size uint64, cause error) error {
 	free, total := p.seen.free, p.total
 	when := ""
@@ -80,14 +82,17 @@ func (p *Pool) oomError(size uint64, cause error) error {
 	if capped, c := p.capFrom(free); capped {
 		limit = "cap " + sizeString(c)
 	}
-	largest := p.largestAllocatable(free)
+	largest, what := p.largestAllocatable(free), "largest block that could be allocated"
+	if when != "" {
+		largest, what = p.largestAllocatable(0), "largest block that could be allocated from the memory it holds"
+	}
 	space := ""
 	if p.pt == nil {
 		space = fmt.Sprintf(" (the index's largest free block: %s of address space)", sizeString(p.x.LargestFree()))
 	}
-	msg := fmt.Sprintf("request of %s; allocated %s, reserved %s (%s); largest block that could be allocated %s%s; device free %s of %s%s",
+	msg := fmt.Sprintf("request of %s; allocated %s, reserved %s (%s); %s %s%s; device free %s of %s%s",
 		sizeString(size), sizeString(p.c.allocated), sizeString(p.reserved()), limit,
-		sizeString(largest), space, sizeString(free), sizeString(total), when)
+		what, sizeString(largest), space, sizeString(free), sizeString(total), when)
 	p.logOOM(size, free, largest)
 	if isOOM(cause) {
 		return fmt.Errorf("%w: %s: %w", ErrOutOfMemory, msg, cause)

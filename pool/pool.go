@@ -69,13 +69,17 @@ type Pool struct {
 	pressure uint64
 	seen     seenFree // the device's free memory as this request's growth read it (share.go)
 	// devFull: the driver refused a cuMemCreate for want of memory, and
-	// no look at the device's free memory since found room; devLimit is
-	// the memory the pool had reserved then, in bytes; probeSkip counts
-	// the requests beyond recycleLiveFraction of the cap still to fail
-	// without a look (share.go, Pool.fullFor).
+	// no look at the device's free memory since lifted the limit; devLimit
+	// is the limit, in bytes: the memory the pool had reserved then,
+	// raised by requests within recycleLiveFraction of the cap that found
+	// room; probeSkip counts the requests beyond it still to fail without
+	// a look; lookReq is 1 + the request (allocs + ooms) that last
+	// decided to skip, skipping whether it did (share.go, Pool.fullFor).
 	devFull   bool
 	devLimit  uint64
 	probeSkip int
+	lookReq   uint64
+	skipping  bool
 	scav      *scavenger // nil unless FreeFloorFraction is set (scavenge.go)
 }
 
@@ -590,7 +594,7 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	}
 	more := need + tail - min(need+tail, spare) // new memory, beyond the spares
 	if p.fullBeyond(size, more) {
-		return tlsf.Block{}, fmt.Errorf("pool: the device was full at %s reserved: %w", sizeString(p.devLimit), device.ErrOutOfMemory)
+		return tlsf.Block{}, fmt.Errorf("pool: %s more needed; the device was full at %s reserved, and is not asked again for %d more requests: %w", sizeString(more), sizeString(p.devLimit), p.probeSkip, device.ErrOutOfMemory)
 	}
 	free, _, err := p.dev.MemGetInfo()
 	if err != nil {
@@ -608,8 +612,7 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	}
 	p.setFine()
 	p.setShared(free)
-	beyond := p.devFull && more > 0 && p.reserved()+more > p.devLimit && !p.withinLive(size)
-	if !p.looked(more <= free, beyond) {
+	if !p.looked(more <= free, size, p.reserved()+more) {
 		// The device has not got it: asking page by page would take every
 		// free page from other processes before failing.
 		return tlsf.Block{}, fmt.Errorf("pool: %s more needed, %s free: %w", sizeString(more), sizeString(free), device.ErrOutOfMemory)

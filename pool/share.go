@@ -383,11 +383,12 @@ func (p *Pool) placeMapped(h *vmmHeap, b tlsf.Block, need uint64, alloc func() (
 // past the limit only where cuMemGetInfo (one call) reports room for it.
 // A request within recycleLiveFraction of the cap, which the pool should
 // serve, always looks (Pool.fullFor, and the growth that follows a miss)
-// and leaves the limit in place; the others, those of a job that wants
-// more than its share, look once per fullProbeSkips and lift the limit
-// when they find room. A neighbour's memory given back therefore reaches
-// the pool at its next request within 90% of its cap, or within 16 of the
-// others.
+// and raises the limit to what it maps; the others, those of a job that
+// wants more than its share, look once per fullProbeSkips of them and
+// lift the limit when they find room. (A pool without a cap has only the
+// first kind: its limit rises with what it maps.) A neighbour's memory
+// given back therefore reaches the pool at its next request within 90%
+// of its cap, or within 16 of the others.
 //
 // Measured on the H200 (2026-12-01, tlsf-stress multi --ops 20000, seeds
 // 1 to 3, medians per process, against the code without the rule in the
@@ -408,26 +409,27 @@ func (p *Pool) placeMapped(h *vmmHeap, b tlsf.Block, need uint64, alloc func() (
 // fullFor reports whether backing need bytes of holes under the block
 // for a request of size bytes would ask a full device for memory it has
 // not got: the pool found the device full (devFull), the mapping needs
-// memory beyond the spares and would take reserved memory past what the
-// pool had then (devLimit), and cuMemGetInfo reports too little free
-// (one driver call) or, for a request beyond recycleLiveFraction of the
-// cap, the pool does not look (fullBeyond). Where cuMemGetInfo fails, it
-// reports false: the mapping's cuMemCreate decides, and a failure there
-// is the driver's own error.
+// memory beyond the spares and would take reserved memory past the limit
+// (devLimit), and cuMemGetInfo reports too little free (one driver call)
+// or, for a request beyond recycleLiveFraction of the cap, the pool does
+// not look at the device for this request (skipLook). Where cuMemGetInfo
+// fails, it reports false: the mapping's cuMemCreate decides, and a
+// failure there is the driver's own error.
 func (p *Pool) fullFor(size, need uint64) bool {
 	add := need - min(need, p.heap.spare())
-	if !p.devFull || add == 0 || p.reserved()+add <= p.devLimit {
+	to := p.reserved() + add
+	if !p.devFull || add == 0 || to <= p.devLimit {
 		return false
 	}
-	beyond := !p.withinLive(size)
-	if beyond && p.skipLook() {
+	if !p.withinLive(size) && p.skipLook() {
 		return true
 	}
 	free, _, err := p.dev.MemGetInfo()
 	if err != nil {
 		return false // the mapping's cuMemCreate decides
 	}
-	return !p.looked(free >= add, beyond)
+	p.seen = seenFree{free: free, ok: true} // this request's look, for its error
+	return !p.looked(free >= add, size, to)
 }
 
 // fullProbeSkips is how many requests beyond recycleLiveFraction of the
@@ -440,11 +442,10 @@ const fullProbeSkips = 16
 
 // fullBeyond reports whether a growth for a request of size bytes that
 // needs more bytes of new memory, beyond the spares, fails at a full
-// device's limit: the device was found full (devFull), the growth would
-// take reserved memory past devLimit, the request lies beyond
-// recycleLiveFraction of the cap (within it the pool always looks), and
-// fewer than fullProbeSkips such requests failed since the last look
-// (skipLook).
+// device's limit without a look: the device was found full (devFull),
+// the growth would take reserved memory past devLimit, the request lies
+// beyond recycleLiveFraction of the cap (within it the pool always
+// looks), and skipLook says so.
 func (p *Pool) fullBeyond(size, more uint64) bool {
 	if !p.devFull || more == 0 || p.reserved()+more <= p.devLimit || p.withinLive(size) {
 		return false
@@ -452,31 +453,46 @@ func (p *Pool) fullBeyond(size, more uint64) bool {
 	return p.skipLook()
 }
 
-// skipLook counts a request that fails at a full device's limit without
-// a look, while fewer than fullProbeSkips did since the last look.
+// skipLook reports whether the current request (one of those beyond
+// recycleLiveFraction of the cap) fails at a full device's limit without
+// a look: while fewer than fullProbeSkips such requests did since the
+// last look that found the device full. A request decides once (a miss
+// checks up to five times: search, growth, the out-of-memory path's
+// search, and its search and growth after moving memory) and counts one
+// skip; one that looked does not skip later in the same request.
 func (p *Pool) skipLook() bool {
-	if p.probeSkip == 0 {
-		return false
+	req := p.c.allocs + p.c.ooms + 1 // changes once per request that ends
+	if p.lookReq == req {
+		return p.skipping
 	}
-	p.probeSkip--
-	return true
+	p.lookReq, p.skipping = req, p.probeSkip > 0
+	if p.skipping {
+		p.probeSkip--
+	}
+	return p.skipping
 }
 
-// looked records a look at a full device for a request (cuMemGetInfo)
-// and returns room. A request beyond recycleLiveFraction of the cap
-// (beyond) that finds room lifts the limit (devFull false): the device
-// has memory again for a pool that wants more than it holds; one that
-// finds none makes the next fullProbeSkips such requests fail without a
-// look. A request within it finds room or not and changes nothing: the
-// pool serves it when the device can, and stays at its limit for the
+// looked records a look at a full device for a request of size bytes that
+// would take reserved memory to to bytes (cuMemGetInfo), and returns
+// room. A request beyond recycleLiveFraction of the cap that finds room
+// lifts the limit (devFull false): the device has memory again for a pool
+// that wants more than it holds; one that finds none makes the next
+// fullProbeSkips such requests fail without a look. A request within it,
+// or any in a pool without a cap, that finds room raises the limit to to:
+// the pool serves it when the device can, and stays at its limit for the
 // others.
-func (p *Pool) looked(room, beyond bool) bool {
+func (p *Pool) looked(room bool, size, to uint64) bool {
 	switch {
-	case !p.devFull || !beyond:
+	case !p.devFull || to <= p.devLimit:
+	case room && p.withinLive(size):
+		p.devLimit = to
 	case room:
 		p.devFull = false
 	default:
-		p.probeSkip = fullProbeSkips
+		if !p.withinLive(size) {
+			p.probeSkip = fullProbeSkips
+			p.lookReq, p.skipping = p.c.allocs+p.c.ooms+1, false
+		}
 	}
 	return room
 }

@@ -499,14 +499,65 @@ func TestAFullDeviceIsNotAskedAgain(t *testing.T) {
 	_, err = p.Alloc(24 * miB) // 98%: beyond, and it needs new memory
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	before = infos()
-	for i := range fullProbeSkips / 2 {
-		_, err = p.Alloc(uint64(20-i) * miB) // smaller each time: not remembered
+	for i := range fullProbeSkips {
+		_, err = p.Alloc(uint64(23-i) * miB) // smaller each time: not remembered
 		require.ErrorIs(t, err, ErrOutOfMemory)
+		require.Contains(t, err.Error(), "is not asked again for")
+		require.Contains(t, err.Error(), "at the pool's last look")
 	}
-	assert.Equal(t, before, infos(), "no look at the device")
+	assert.Equal(t, before, infos(), "%d requests, no look at the device", fullProbeSkips)
+	_, err = p.Alloc(6 * miB)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	assert.Greater(t, infos(), before, "the next one looks again")
 	checkStep(t, p, d)
 	sd.Vacate(free)
 	require.NoError(t, p.Free(big))
 	require.NoError(t, p.Free(more))
+	checkStep(t, p, d)
+}
+
+// A pool without a cap has no requests beyond 90% of it: after a refused
+// cuMemCreate, a request that finds room raises the limit to what it
+// takes, so that the next ones below it need no look.
+func TestAFullDevicesLimitRisesInAPoolWithoutACap(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	ptrs := allocBlocks(t, p, 4, 64*miB)
+	for _, ptr := range ptrs {
+		require.NoError(t, p.Free(ptr))
+	}
+	_, err := p.Trim()
+	require.NoError(t, err)
+	p.mu.Lock()
+	p.devFull, p.devLimit = true, p.reserved()
+	p.mu.Unlock()
+	infos := func() uint64 { return p.Stats().DeviceCalls[device.CallMemGetInfo] }
+
+	a, err := p.Alloc(128 * miB)
+	require.NoError(t, err, "room: served")
+	p.mu.Lock()
+	full, limit := p.devFull, p.devLimit
+	p.mu.Unlock()
+	assert.True(t, full)
+	assert.GreaterOrEqual(t, limit, uint64(128*miB), "the limit rose to what it took")
+	require.NoError(t, p.Free(a))
+	// Mapping 64 MiB on holes again, below the limit, looks no more than
+	// with the device never found full (the mapping itself sizes its
+	// handles with one cuMemGetInfo).
+	looks := func() uint64 {
+		_, err := p.Trim()
+		require.NoError(t, err)
+		before := infos()
+		b, err := p.Alloc(64 * miB)
+		require.NoError(t, err)
+		require.NoError(t, p.Free(b))
+		return infos() - before
+	}
+	below := looks()
+	p.mu.Lock()
+	p.devFull = false
+	p.mu.Unlock()
+	assert.Equal(t, looks(), below, "below the limit: no look of its own")
 	checkStep(t, p, d)
 }

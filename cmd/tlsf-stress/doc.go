@@ -226,8 +226,10 @@
 // out_of_memory_within_90pct_of_share (failed requests that would have
 // left the live bytes, counted from before the request, within 90% of
 // the share), out_of_memory_still_within_90pct_of_share (those of them
-// still within it when the request returned: in the others another
-// goroutine's allocation came first) and fairness (max share / min share
+// still within it when the request returned, counting the blocks and
+// requests of the process's other goroutines then: in the others another
+// goroutine's request, begun meanwhile, took the live bytes above it) and
+// fairness (max share / min share
 // over all processes, filled in by the parent), and the parent prints a
 // table with share and calls/op per process, a line with the
 // out-of-memory counts and a fairness line (or, with --json, the

@@ -127,9 +127,10 @@ type childResult struct {
 	// (MaxFraction × total): a pool should serve those.
 	OOMWithinShare int64 `json:"out_of_memory_within_90pct_of_share"`
 	// OOMStillWithin counts those of them whose live bytes were still
-	// within 90% of the share, the request included, when it returned:
-	// the others may have been above it when the pool decided, another
-	// goroutine's allocation having come first.
+	// within 90% of the share, the request included, when it returned
+	// (live bytes count other goroutines' requests in flight too): the
+	// others may have been above it when the pool decided, another
+	// goroutine's request, begun meanwhile, having come first.
 	OOMStillWithin int64 `json:"out_of_memory_still_within_90pct_of_share"`
 	*runResult
 }
@@ -452,7 +453,7 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 			fmt.Fprintf(w, "  proc %d ERROR: %s\n", r.Proc, e)
 		}
 	}
-	fmt.Fprintf(w, "out-of-memory errors: %d in all (expected when oversubscribed; each one a clean ErrOutOfMemory), %d of them from requests within 90%% of the share (%d still within it when they returned; in the others another goroutine's allocation came first)\n", ooms, within, still)
+	fmt.Fprintf(w, "out-of-memory errors: %d in all (expected when oversubscribed; each one a clean ErrOutOfMemory), %d of them from requests within 90%% of the share, %d still within it when they returned (target 0; in the others another goroutine's request, begun meanwhile, took the live bytes above it)\n", ooms, within, still)
 	if len(results) > 0 {
 		fmt.Fprintf(w, "fairness: max share / min share = %.3f (shares of peak reserved over total memory)\n", results[0].Fairness)
 	}

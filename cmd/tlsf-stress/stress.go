@@ -351,8 +351,8 @@ func (w *worker) alloc(size uint64) *liveBlock {
 		s.held.Add(^(size - 1))
 		if s.cfg.share > 0 && isOOM(err) && float64(held) <= shareMargin*float64(s.cfg.share) {
 			s.oomsWithin.Add(1)
-			// Another goroutine's block allocated meanwhile (its request
-			// began after this one's) may have taken the live bytes above
+			// Another goroutine's request begun meanwhile (held counts it
+			// from before its call) may have taken the live bytes above
 			// the margin by the time the pool decided.
 			if float64(s.held.Load()+size) <= shareMargin*float64(s.cfg.share) {
 				s.oomsStill.Add(1)
