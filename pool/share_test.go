@@ -424,20 +424,28 @@ func TestTheNinetyPercentRuleAllowsForRounding(t *testing.T) {
 	assert.False(t, p.mayRecycle(size), "940 MiB rounded: above 90% × (1 + 1/64)")
 }
 
+// poolOnHoles makes a VMM pool on a simulated GPU of 1 GiB, MaxFraction
+// fraction (0: none), caches and scavenger off, whose heap has mapped
+// 256 MiB and returned it: the range stays, in holes.
+func poolOnHoles(t *testing.T, fraction float64) (*Pool, testDevice, *sim.Device) {
+	t.Helper()
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxFraction: fraction, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	for _, ptr := range allocBlocks(t, p, 4, 64*miB) {
+		require.NoError(t, p.Free(ptr))
+	}
+	_, err := p.Trim()
+	require.NoError(t, err)
+	return p, d, sd
+}
+
 // After the driver refuses a cuMemCreate, the pool treats the device as
 // full: holes under a block are not backed with new memory (no
 // cuMemCreate) while cuMemGetInfo reports too little free, and are again
 // once it reports room.
 func TestAFullDeviceIsNotAskedAgain(t *testing.T) {
-	sd := sim.New(sim.Config{Capacity: giB})
-	d := onSim(sd)
-	p := openPool(t, d, Options{Backend: BackendVMM, MaxFraction: 0.5, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-	ptrs := allocBlocks(t, p, 4, 64*miB)
-	for _, ptr := range ptrs {
-		require.NoError(t, p.Free(ptr))
-	}
-	_, err := p.Trim() // the pages go back; the range stays, in holes
-	require.NoError(t, err)
+	p, d, sd := poolOnHoles(t, 0.5)
 	free, _, err := sd.MemGetInfo()
 	require.NoError(t, err)
 	require.NoError(t, sd.Occupy(free), "a neighbour takes the rest of the device")
@@ -520,15 +528,7 @@ func TestAFullDeviceIsNotAskedAgain(t *testing.T) {
 // cuMemCreate, a request that finds room raises the limit to what it
 // takes, so that the next ones below it need no look.
 func TestAFullDevicesLimitRisesInAPoolWithoutACap(t *testing.T) {
-	sd := sim.New(sim.Config{Capacity: giB})
-	d := onSim(sd)
-	p := openPool(t, d, Options{Backend: BackendVMM, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-	ptrs := allocBlocks(t, p, 4, 64*miB)
-	for _, ptr := range ptrs {
-		require.NoError(t, p.Free(ptr))
-	}
-	_, err := p.Trim()
-	require.NoError(t, err)
+	p, d, _ := poolOnHoles(t, 0)
 	p.mu.Lock()
 	p.devFull, p.devLimit = true, p.reserved()
 	p.mu.Unlock()
