@@ -461,7 +461,7 @@ func (p *Pool) fullBeyond(size, more uint64) bool {
 // last look that found the device full. A request decides once (a miss
 // checks up to five times: search, growth, the out-of-memory path's
 // search, and its search and growth after moving memory) and counts one
-// skip; one that looked does not skip later in the same request.
+// skip; one whose look found no room does not look again (looked).
 func (p *Pool) skipLook() bool {
 	req := p.c.allocs + p.c.ooms + 1 // changes once per request that ends
 	if p.lookReq == req {
@@ -493,7 +493,7 @@ func (p *Pool) looked(room bool, size, to uint64) bool {
 	default:
 		if !p.withinLive(size) {
 			p.probeSkip = fullProbeSkips
-			p.lookReq, p.skipping = p.c.allocs+p.c.ooms+1, false
+			p.lookReq, p.skipping = p.c.allocs+p.c.ooms+1, true // this request looked
 		}
 	}
 	return room
