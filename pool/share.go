@@ -404,9 +404,10 @@ func (p *Pool) placeMapped(h *vmmHeap, b tlsf.Block, need uint64, alloc func() (
 // K = 3, 2.00 and 2,495 against 3.29 and 2,191; K = 4, 2.99 and 2,124
 // against 4.84 and 1,657; within 90% of the share 35 of 67,770 against
 // 56 of 66,134. Simulated, with real time: K = 2 and 4, 2.9 and 2.5
-// against 3.2 and 3.5. (Skips counted per request, not per check, and
-// the limit raised by requests within 90% came after the H200 run; on
-// the simulated H200 they changed the figures by less than 0.15.)
+// against 3.2 and 3.5. (Skips counted per request, not per check, the
+// limit raised by requests within 90%, and no second look within a
+// request came after the H200 run; on the simulated H200 they changed the
+// figures by less than 0.15.)
 
 // fullFor reports whether backing need bytes of holes under the block
 // for a request of size bytes would ask a full device for memory it has
