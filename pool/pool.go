@@ -67,20 +67,9 @@ type Pool struct {
 	// pressure is 1 + c.allocs at the last failed allocation, 0: none
 	// (mayRecycle, share.go).
 	pressure uint64
-	seen     seenFree // the device's free memory as this request's growth read it (share.go)
-	// devFull: the driver refused a cuMemCreate for want of memory, and
-	// no look at the device's free memory since lifted the limit; devLimit
-	// is the limit, in bytes: the memory the pool had reserved then,
-	// raised by requests within recycleLiveFraction of the cap that found
-	// room; probeSkip counts the requests beyond it still to fail without
-	// a look; lookReq is 1 + the request (allocs + ooms) that last
-	// decided to skip, skipping whether it did (share.go, Pool.fullFor).
-	devFull   bool
-	devLimit  uint64
-	probeSkip int
-	lookReq   uint64
-	skipping  bool
-	scav      *scavenger // nil unless FreeFloorFraction is set (scavenge.go)
+	seen     seenFree   // the device's free memory as this request's growth read it (share.go)
+	full     fullDevice // a device found full, and the limit it set (share.go)
+	scav     *scavenger // nil unless FreeFloorFraction is set (scavenge.go)
 }
 
 // counters are the pool's statistics kept under its lock.
@@ -402,14 +391,8 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 			_, _ = p.x.Free(b.Addr)
 			return tlsf.Block{}, err
 		}
-		// Spare physical memory (moved by makeRoom) maps first, and counts
-		// as reserved already.
-		capped, limit, cerr := p.cap()
-		if cerr != nil || (capped && p.reserved()+need-min(need, p.heap.spare()) > limit) || p.fullFor(size, need) {
+		if !p.roomToBack(size, need) {
 			_, _ = p.x.Free(b.Addr)
-			if cerr != nil {
-				return tlsf.Block{}, cerr
-			}
 			return tlsf.Block{}, errNoRoom
 		}
 		p.setFine()
@@ -594,7 +577,7 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	}
 	more := need + tail - min(need+tail, spare) // new memory, beyond the spares
 	if p.fullBeyond(size, more) {
-		return tlsf.Block{}, fmt.Errorf("pool: %s more needed; the device was full at %s reserved, and is not asked again for %d more requests: %w", sizeString(more), sizeString(p.devLimit), p.probeSkip, device.ErrOutOfMemory)
+		return tlsf.Block{}, fmt.Errorf("pool: %s more needed; the device was full at %s reserved, and is not asked again for %d more requests: %w", sizeString(more), sizeString(p.full.limit), p.full.skips, device.ErrOutOfMemory)
 	}
 	free, _, err := p.dev.MemGetInfo()
 	if err != nil {
@@ -612,7 +595,7 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	}
 	p.setFine()
 	p.setShared(free)
-	if !p.looked(more <= free, size, p.reserved()+more) {
+	if !p.looked(more <= free, more, p.withinLive(size)) {
 		// The device has not got it: asking page by page would take every
 		// free page from other processes before failing.
 		return tlsf.Block{}, fmt.Errorf("pool: %s more needed, %s free: %w", sizeString(more), sizeString(free), device.ErrOutOfMemory)

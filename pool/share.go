@@ -164,8 +164,7 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 		}
 	}
 	if need > 0 {
-		capped, limit, _ := p.cap()
-		if capped && p.reserved()+need-min(need, h.spare()) > limit || p.fullFor(size, need) {
+		if !p.roomToBack(size, need) {
 			_, _ = p.x.Free(b.Addr)
 			return tlsf.Block{}, errNoRoom
 		}
@@ -376,8 +375,8 @@ func (p *Pool) placeMapped(h *vmmHeap, b tlsf.Block, need uint64, alloc func() (
 // moment is refused the next: on the H200, tlsf-stress multi's processes
 // made about 16 cuMemCreate and 13 cuMemRelease per block they backed this
 // way. So after the driver refuses a cuMemCreate for want of memory
-// (vmmHeap.refused), the pool treats the device as full (Pool.devFull)
-// and the memory it had reserved then (Pool.devLimit) as a limit, which
+// (vmmHeap.refused), the pool treats the device as full (fullDevice)
+// and the memory it had reserved then as a limit, which
 // it keeps to as to its cap: it backs holes with its own memory, moved
 // from under other free blocks (searchRecycling), and maps new memory
 // past the limit only where cuMemGetInfo (one call) reports room for it.
@@ -398,8 +397,8 @@ func (p *Pool) placeMapped(h *vmmHeap, b tlsf.Block, need uint64, alloc func() (
 // errors within 90% of the share 72 of 98,970 against 59 of 98,105. On
 // the simulated H200 with its calls taking real time (--sim-real-time),
 // K = 2 and 4: 3.0–3.3 calls per operation against 3.7 and 5.6. With
-// the limit (the first version of the rule had none, and cleared devFull
-// at any look that found room), against that first version in another
+// the limit (the first version of the rule had none, and forgot the full
+// device at any look that found room), against that first version in another
 // run (seeds 1 and 2): K = 2, 2.61 and 3,083 against 4.60 and 2,696;
 // K = 3, 2.00 and 2,495 against 3.29 and 2,191; K = 4, 2.99 and 2,124
 // against 4.84 and 1,657; within 90% of the share 35 of 67,770 against
@@ -409,22 +408,57 @@ func (p *Pool) placeMapped(h *vmmHeap, b tlsf.Block, need uint64, alloc func() (
 // request came after the H200 run; on the simulated H200 they changed the
 // figures by less than 0.15.)
 
+// roomToBack reports whether the pool may back need bytes of holes under
+// the block for a request of size bytes: within the cap, the spares
+// mapping first (they count as reserved already), and not past a full
+// device's limit without room (fullFor).
+func (p *Pool) roomToBack(size, need uint64) bool {
+	capped, limit, _ := p.cap()
+	if capped && p.reserved()+need-min(need, p.heap.spare()) > limit {
+		return false
+	}
+	return !p.fullFor(size, need)
+}
+
+// fullDevice is what the pool knows of a full device (above).
+type fullDevice struct {
+	// on: the driver refused a cuMemCreate for want of memory, and no look
+	// at the device's free memory since lifted the limit.
+	on bool
+	// limit is the limit in bytes: the memory the pool had reserved at
+	// the refusal, raised by requests within recycleLiveFraction of the
+	// cap that found room.
+	limit uint64
+	// skips counts the requests beyond it still to fail without a look.
+	skips int
+	// req is 1 + the request (allocs + ooms) that last decided whether to
+	// look (skipLook, looked), skipping whether it then skips.
+	req      uint64
+	skipping bool
+}
+
+// pastLimit reports whether more bytes of new memory would take reserved
+// memory past a full device's limit.
+func (p *Pool) pastLimit(more uint64) bool {
+	return p.full.on && more > 0 && p.reserved()+more > p.full.limit
+}
+
 // fullFor reports whether backing need bytes of holes under the block
 // for a request of size bytes would ask a full device for memory it has
-// not got: the pool found the device full (devFull), the mapping needs
-// memory beyond the spares and would take reserved memory past the limit
-// (devLimit), and cuMemGetInfo reports too little free (one driver call)
+// not got: the pool found the device full, the mapping needs memory
+// beyond the spares and would take reserved memory past the limit
+// (pastLimit), and cuMemGetInfo reports too little free (one driver call)
 // or, for a request beyond recycleLiveFraction of the cap, the pool does
 // not look at the device for this request (skipLook). Where cuMemGetInfo
 // fails, it reports false: the mapping's cuMemCreate decides, and a
 // failure there is the driver's own error.
 func (p *Pool) fullFor(size, need uint64) bool {
 	add := need - min(need, p.heap.spare())
-	to := p.reserved() + add
-	if !p.devFull || add == 0 || to <= p.devLimit {
+	if !p.pastLimit(add) {
 		return false
 	}
-	if !p.withinLive(size) && p.skipLook() {
+	within := p.withinLive(size)
+	if !within && p.skipLook() {
 		return true
 	}
 	free, _, err := p.dev.MemGetInfo()
@@ -432,7 +466,7 @@ func (p *Pool) fullFor(size, need uint64) bool {
 		return false // the mapping's cuMemCreate decides
 	}
 	p.seen = seenFree{free: free, ok: true} // this request's look, for its error
-	return !p.looked(free >= add, size, to)
+	return !p.looked(free >= add, add, within)
 }
 
 // fullProbeSkips is how many requests beyond recycleLiveFraction of the
@@ -445,15 +479,12 @@ const fullProbeSkips = 16
 
 // fullBeyond reports whether a growth for a request of size bytes that
 // needs more bytes of new memory, beyond the spares, fails at a full
-// device's limit without a look: the device was found full (devFull),
-// the growth would take reserved memory past devLimit, the request lies
-// beyond recycleLiveFraction of the cap (within it the pool always
-// looks), and skipLook says so.
+// device's limit without a look: the growth would take reserved memory
+// past the limit (pastLimit), the request lies beyond
+// recycleLiveFraction of the cap (within it the pool always looks), and
+// skipLook says so.
 func (p *Pool) fullBeyond(size, more uint64) bool {
-	if !p.devFull || more == 0 || p.reserved()+more <= p.devLimit || p.withinLive(size) {
-		return false
-	}
-	return p.skipLook()
+	return p.pastLimit(more) && !p.withinLive(size) && p.skipLook()
 }
 
 // skipLook reports whether the current request (one of those beyond
@@ -464,38 +495,38 @@ func (p *Pool) fullBeyond(size, more uint64) bool {
 // search, and its search and growth after moving memory) and counts one
 // skip; one whose look found no room does not look again (looked).
 func (p *Pool) skipLook() bool {
+	f := &p.full
 	req := p.c.allocs + p.c.ooms + 1 // changes once per request that ends
-	if p.lookReq == req {
-		return p.skipping
+	if f.req == req {
+		return f.skipping
 	}
-	p.lookReq, p.skipping = req, p.probeSkip > 0
-	if p.skipping {
-		p.probeSkip--
+	f.req, f.skipping = req, f.skips > 0
+	if f.skipping {
+		f.skips--
 	}
-	return p.skipping
+	return f.skipping
 }
 
-// looked records a look at a full device for a request of size bytes that
-// would take reserved memory to to bytes (cuMemGetInfo), and returns
-// room. A request beyond recycleLiveFraction of the cap that finds room
-// lifts the limit (devFull false): the device has memory again for a pool
-// that wants more than it holds; one that finds none makes the next
-// fullProbeSkips such requests fail without a look. A request within it,
-// or any in a pool without a cap, that finds room raises the limit to to:
-// the pool serves it when the device can, and stays at its limit for the
+// looked records a look at a full device (cuMemGetInfo) for a request
+// that needs more bytes of new memory, within recycleLiveFraction of the
+// cap or not, and returns room. A request beyond it that finds room lifts
+// the limit: the device has memory again for a pool that wants more than
+// it holds; one that finds none makes the next fullProbeSkips such
+// requests fail without a look. A request within it, or any in a pool
+// without a cap, that finds room raises the limit to what it maps: the
+// pool serves it when the device can, and stays at its limit for the
 // others.
-func (p *Pool) looked(room bool, size, to uint64) bool {
+func (p *Pool) looked(room bool, more uint64, within bool) bool {
+	f := &p.full
 	switch {
-	case !p.devFull || to <= p.devLimit:
-	case room && p.withinLive(size):
-		p.devLimit = to
+	case !f.on || p.reserved()+more <= f.limit:
+	case room && within:
+		f.limit = p.reserved() + more
 	case room:
-		p.devFull = false
-	default:
-		if !p.withinLive(size) {
-			p.probeSkip = fullProbeSkips
-			p.lookReq, p.skipping = p.c.allocs+p.c.ooms+1, true // this request looked
-		}
+		f.on = false
+	case !within:
+		f.skips = fullProbeSkips
+		f.req, f.skipping = p.c.allocs+p.c.ooms+1, true // this request looked
 	}
 	return room
 }
@@ -507,6 +538,6 @@ func (p *Pool) looked(room bool, size, to uint64) bool {
 func (p *Pool) noteRefused() {
 	if h, ok := p.heap.(*vmmHeap); ok && h.refused {
 		h.refused = false
-		p.devFull, p.devLimit, p.probeSkip = true, p.reserved(), 0
+		p.full.on, p.full.limit, p.full.skips = true, p.reserved(), 0
 	}
 }

@@ -455,7 +455,7 @@ func TestAFullDeviceIsNotAskedAgain(t *testing.T) {
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	checkStep(t, p, d)
 	p.mu.Lock()
-	full := p.devFull
+	full := p.full.on
 	p.mu.Unlock()
 	require.True(t, full, "the refusal is remembered")
 
@@ -480,13 +480,13 @@ func TestAFullDeviceIsNotAskedAgain(t *testing.T) {
 	// room lifts the limit.
 	setFull := func() {
 		p.mu.Lock()
-		p.devFull, p.devLimit, p.probeSkip = true, p.reserved(), 0
+		p.full.on, p.full.limit, p.full.skips = true, p.reserved(), 0
 		p.mu.Unlock()
 	}
 	isFull := func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		return p.devFull
+		return p.full.on
 	}
 	setFull()
 	big, err := p.Alloc(400 * miB) // 78% of the 512 MiB cap: within
@@ -530,14 +530,14 @@ func TestAFullDeviceIsNotAskedAgain(t *testing.T) {
 func TestAFullDevicesLimitRisesInAPoolWithoutACap(t *testing.T) {
 	p, d, _ := poolOnHoles(t, 0)
 	p.mu.Lock()
-	p.devFull, p.devLimit = true, p.reserved()
+	p.full.on, p.full.limit = true, p.reserved()
 	p.mu.Unlock()
 	infos := func() uint64 { return p.Stats().DeviceCalls[device.CallMemGetInfo] }
 
 	a, err := p.Alloc(128 * miB)
 	require.NoError(t, err, "room: served")
 	p.mu.Lock()
-	full, limit := p.devFull, p.devLimit
+	full, limit := p.full.on, p.full.limit
 	p.mu.Unlock()
 	assert.True(t, full)
 	assert.GreaterOrEqual(t, limit, uint64(128*miB), "the limit rose to what it took")
@@ -556,7 +556,7 @@ func TestAFullDevicesLimitRisesInAPoolWithoutACap(t *testing.T) {
 	}
 	below := looks()
 	p.mu.Lock()
-	p.devFull = false
+	p.full.on = false
 	p.mu.Unlock()
 	assert.Equal(t, looks(), below, "below the limit: no look of its own")
 	checkStep(t, p, d)

@@ -356,15 +356,13 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) 
 					k = max(1, min(k, free/h.gran))
 				}
 			}
-			mh, err = h.dev.MemCreate(k * h.gran)
+			mh, err = h.create(k)
 			for err != nil && k > 1 {
-				h.refused = h.refused || errors.Is(err, device.ErrOutOfMemory)
 				h.most, h.streak = max(k/2, 1), 0
 				k = h.most
-				mh, err = h.dev.MemCreate(k * h.gran)
+				mh, err = h.create(k)
 			}
 			if err != nil {
-				h.refused = h.refused || errors.Is(err, device.ErrOutOfMemory)
 				break
 			}
 			free -= min(free, k*h.gran)
@@ -406,6 +404,14 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) 
 		return 0, aerr
 	}
 	return done, nil
+}
+
+// create makes a physical allocation of k pages (cuMemCreate), noting a
+// refusal for want of memory (refused).
+func (h *vmmHeap) create(k uint64) (device.MemHandle, error) {
+	mh, err := h.dev.MemCreate(k * h.gran)
+	h.refused = h.refused || errors.Is(err, device.ErrOutOfMemory)
+	return mh, err
 }
 
 // maxFit is the most pages a spare mapped from page p on may have in a run

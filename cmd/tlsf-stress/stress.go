@@ -349,12 +349,12 @@ func (w *worker) alloc(size uint64) *liveBlock {
 	ptr, err := s.a.AllocOn(size, w.st)
 	if err != nil {
 		s.held.Add(^(size - 1))
-		if s.cfg.share > 0 && isOOM(err) && float64(held) <= shareMargin*float64(s.cfg.share) {
+		if s.cfg.share > 0 && isOOM(err) && s.withinShare(held) {
 			s.oomsWithin.Add(1)
 			// Another goroutine's request begun meanwhile (held counts it
 			// from before its call) may have taken the live bytes above
 			// the margin by the time the pool decided.
-			if float64(s.held.Load()+size) <= shareMargin*float64(s.cfg.share) {
+			if s.withinShare(s.held.Load() + size) {
 				s.oomsStill.Add(1)
 			}
 		}
@@ -381,6 +381,12 @@ func (w *worker) alloc(size uint64) *liveBlock {
 // shareMargin: a pool should serve every request that leaves its live
 // bytes within this fraction of its share (multi reports those it failed).
 const shareMargin = 0.9
+
+// withinShare reports whether live bytes lie within shareMargin of the
+// pool's share.
+func (s *stress) withinShare(live uint64) bool {
+	return float64(live) <= shareMargin*float64(s.cfg.share)
+}
 
 // allocFailed counts a failed allocation: out of memory, or an error of
 // the workload, reported as format and args followed by ": " and err.

@@ -143,7 +143,8 @@ type Config struct {
 	ContextBytes uint64
 	// RealTime makes each call also take its modelled duration in real
 	// time, after it has done its work and outside the GPU's lock (a
-	// busy wait that yields the processor), so that processes sharing the
+	// busy wait that yields the processor, sleeping through all but the
+	// last millisecond of a longer wait), so that processes sharing the
 	// simulated GPU interleave as those on a real one do: while one
 	// waits for a cuMemCreate, the others run and take or give back
 	// memory. Default false: calls return at once and only SimTime counts
