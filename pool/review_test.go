@@ -5,6 +5,7 @@ package pool
 import (
 	"testing"
 
+	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/device/sim"
 	"github.com/stretchr/testify/require"
 )
@@ -84,4 +85,46 @@ func TestGuardIsNotTheCallers(t *testing.T) {
 	require.Equal(t, uint64(1000), n)
 	require.NoError(t, sd.MemsetD8Async(q, 0x11, n, 0)) // writing Size() bytes is no overrun
 	require.NoError(t, p.Free(q))
+}
+
+// Adjacent mappings under one free block go back in one cuMemUnmap (the
+// driver takes a range of whole mappings), the top ones first when less
+// is wanted; each handle still takes its own cuMemRelease.
+func TestAdjacentMappingsUnmapInOneCall(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-9, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	var ptrs []uintptr
+	for _, n := range []uint64{2, 4, 8, 16} { // one growth and one handle each
+		ptr, err := p.Alloc(n * miB)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	h := p.heap.(*vmmHeap)
+	var starts []uint64
+	for pg := uint64(0); pg < h.nMapped; pg += h.mappingLen(pg) {
+		starts = append(starts, pg)
+	}
+	require.Equal(t, []uint64{0, 1, 3, 7}, starts, "four handles, adjacent")
+	for _, ptr := range ptrs {
+		require.NoError(t, p.Free(ptr))
+	}
+
+	before := p.Stats().DeviceCalls
+	p.mu.Lock()
+	moved, err := h.recycle(6 * miB) // the top handle, 16 MiB, holds it
+	p.mu.Unlock()
+	require.NoError(t, err)
+	require.Equal(t, 16*miB, moved)
+	after := p.Stats().DeviceCalls
+	require.Equal(t, before[device.CallMemUnmap]+1, after[device.CallMemUnmap])
+	require.Equal(t, uint64(7), h.nMapped, "the bottom three handles stay mapped")
+
+	n, err := p.Trim()
+	require.NoError(t, err)
+	require.Equal(t, 30*miB, n)
+	final := p.Stats().DeviceCalls
+	require.Equal(t, after[device.CallMemUnmap]+1, final[device.CallMemUnmap], "three mappings, one call")
+	require.Equal(t, after[device.CallMemRelease]+4, final[device.CallMemRelease], "three handles and the spare")
+	checkStep(t, p, d)
 }

@@ -21,10 +21,11 @@ package pool
 // shortfall, scavengeStep bytes (64 MiB) at a time, those under the
 // largest free blocks first (vmmHeap.release), and when the heap alone
 // has too little, the per-P caches' blocks too, until the wake has made
-// scavengeCalls driver calls. The bound is on driver work, not bytes: the
-// driver's cost is per handle (vmm.go), so a wake returns 64 MiB of
-// one-page handles (a capped pool's) or up to 4 GiB of 128 MiB handles
-// (an uncapped pool's growths). So memory goes back at 6.4 GiB/s to
+// scavengeCalls driver calls (a cuMemUnmap over several mappings counted
+// once per mapping: Pool.driverWork). The bound is on driver work, not
+// bytes: the driver's cost is per handle and mapping (vmm.go), so a wake
+// returns 64 MiB of one-page handles (a capped pool's) or up to 4 GiB of
+// 128 MiB handles (an uncapped pool's growths). So memory goes back at 6.4 GiB/s to
 // 400 GiB/s, and a process that starts after this one went idle finds
 // tens of GiB within the second.
 //
@@ -107,6 +108,16 @@ func (sc *scavenger) halt() {
 	<-sc.done
 }
 
+// driverWork is the driver calls the pool has made, a cuMemUnmap over m
+// mappings counted as m calls (vmmHeap.unmapWork): the scavenger's pace.
+func (p *Pool) driverWork() uint64 {
+	w := p.dev.counts().Total()
+	if h, ok := p.heap.(*vmmHeap); ok {
+		w += h.unmapWork
+	}
+	return w
+}
+
 // scavengeLocked is one wake of the scavenger: if the device's free
 // memory is below FreeFloorFraction × total, return unused memory up to
 // the shortfall, scavengeStep bytes at a time, the per-P caches' blocks
@@ -122,10 +133,10 @@ func (p *Pool) scavengeLocked() (uint64, error) {
 		return 0, nil
 	}
 	want := floor - free
-	start := p.dev.counts().Total()
+	start := p.driverWork()
 	var n uint64
 	flushed := p.cache == nil
-	for n < want && p.dev.counts().Total()-start < scavengeCalls {
+	for n < want && p.driverWork()-start < scavengeCalls {
 		m, err := p.releaseUnused(min(want-n, scavengeStep))
 		n += m
 		if err != nil {

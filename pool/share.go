@@ -44,12 +44,7 @@ package pool
 // Unused memory goes back to other processes when they need it through
 // FreeFloorFraction, Trim, or a background scavenger, not on every error.
 
-import (
-	"cmp"
-	"slices"
-
-	"github.com/gpumem/tlsf/tlsf"
-)
+import "github.com/gpumem/tlsf/tlsf"
 
 // oomMemoSkips bounds the requests failed from the memo in a row: frees
 // the per-P caches absorb (blocks of Cache.MaxSize and below) do not clear
@@ -182,11 +177,10 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 
 // recycle moves the physical pages of about limit bytes lying wholly under
 // free blocks out of the way (cuMemUnmap, one call per run of adjacent
-// one-page mappings or per larger mapping; the handles become spares, as
-// vmmHeap.unmap says), taking whole
-// mappings from the largest free blocks first and, within a block, from
-// its top down (a larger mapping moves whole, so the bytes moved may pass
-// limit by less than one mapping). Unlike release, it takes pages from
+// mappings it takes under one free block; the handles become spares, as
+// vmmHeap.unmap says), taking whole mappings from the largest free
+// blocks first and, within a block, from its top down (a mapping moves
+// whole, so the bytes moved may pass limit by less than one mapping). Unlike release, it takes pages from
 // the free top of the heap too: the block they go to is placed already,
 // no growth follows. It returns the bytes moved. The caller has
 // synchronized the streams that freed memory.
@@ -206,52 +200,14 @@ func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
 	if err := h.unmapStrays(); err != nil {
 		return 0, err
 	}
-	// A run is whole mappings under one free block, adjacent: one-page
-	// mappings (unit), of which any number may move, or one larger
-	// mapping, which moves whole (cuMemUnmap must cover whole mappings).
-	type run struct {
-		first, n, blockSize uint64
-		unit                bool
-	}
-	var free []run
-	h.x.Walk(func(b tlsf.Block) bool {
-		if !b.Free {
-			return true
-		}
-		first := (b.Addr - h.base + h.gran - 1) / h.gran
-		end := (b.Addr + b.Size - h.base) / h.gran
-		for _, r := range runs(h.mapped, first, end, true) {
-			for pg := r[0]; pg < r[0]+r[1]; {
-				s := uint64(h.start[pg])
-				k := h.mappingLen(s)
-				if s >= first && s+k <= end {
-					if n := len(free); k == 1 && n > 0 && free[n-1].unit && free[n-1].first+free[n-1].n == s {
-						free[n-1].n++ // one cuMemUnmap for the run
-					} else {
-						free = append(free, run{s, k, b.Size, k == 1})
-					}
-				}
-				pg = s + k
-			}
-		}
-		return true
-	})
-	slices.SortStableFunc(free, func(a, b run) int {
-		if c := cmp.Compare(b.blockSize, a.blockSize); c != 0 {
-			return c
-		}
-		return cmp.Compare(b.first, a.first)
-	})
 	var moved uint64
-	for _, r := range free {
+	for _, r := range h.freeMappings(^uint64(0)) {
 		if moved >= limit {
 			break
 		}
-		n := r.n
-		if r.unit {
-			n = min(n, (limit-moved+h.gran-1)/h.gran)
-		}
-		if err := h.unmap(r.first+r.n-n, n, true); err != nil {
+		first := h.cutFromTop(r, limit-moved)
+		n := r.first + r.n - first
+		if err := h.unmap(first, n, true); err != nil {
 			return moved, err
 		}
 		h.holes += n

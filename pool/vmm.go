@@ -66,8 +66,12 @@ type vmmHeap struct {
 	// released in a mapping (dropSpares), for the pool's statistics
 	// (Pool.noteMoved, Pool.noteDropped).
 	dropped uint64
-	nMapped uint64 // pages mapped
-	holes   uint64 // unmapped pages below end
+	// unmapWork counts the mappings cuMemUnmap calls removed beyond one
+	// per call: the driver's cost is per mapping (vmm.go), so a call over
+	// m mappings is m calls' work (Pool.driverWork).
+	unmapWork uint64
+	nMapped   uint64 // pages mapped
+	holes     uint64 // unmapped pages below end
 	// orphans are physical allocations unmapped or never mapped whose
 	// cuMemRelease failed: still the pool's, counted as reserved, and
 	// released again at the next release or Close.
@@ -507,6 +511,9 @@ func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 	}
 	for p := first; p < first+n; {
 		k := h.mappingLen(p)
+		if p > first {
+			h.unmapWork++
+		}
 		if keep && (k > 1 || h.fine) {
 			h.pushSpare(h.handles[p], k)
 		} else {
@@ -637,7 +644,9 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 
 // release unmaps mapped pages that lie wholly inside free blocks, those of
 // the largest free blocks first (they are the least likely to be cut up
-// and reused soon), until limit bytes are released; without keep it first
+// and reused soon) and within a block from its top down, until limit
+// bytes are released (one cuMemUnmap per run of adjacent mappings it
+// takes under one free block: freeMappings); without keep it first
 // releases the spares. With keep, it keeps their handles as spares for
 // the next mapping instead, as unmap says, and reports the bytes so
 // moved.
@@ -661,9 +670,6 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 			return released, err
 		}
 	}
-	// Whole mappings lying under free blocks.
-	type run struct{ first, n, blockSize uint64 }
-	var free []run
 	var top uint64 = ^uint64(0)
 	if keep && h.end > h.base {
 		// Moving pages out of the free top of the heap would be undone at
@@ -672,25 +678,7 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 			top = last.Addr
 		}
 	}
-	h.x.Walk(func(b tlsf.Block) bool {
-		if !b.Free || b.Addr == top {
-			return true
-		}
-		first := (b.Addr - h.base + h.gran - 1) / h.gran
-		end := (b.Addr + b.Size - h.base) / h.gran
-		for _, r := range runs(h.mapped, first, end, true) {
-			for p := r[0]; p < r[0]+r[1]; {
-				s := uint64(h.start[p])
-				k := h.mappingLen(s)
-				if s >= first && s+k <= end {
-					free = append(free, run{s, k, b.Size})
-				}
-				p = s + k
-			}
-		}
-		return true
-	})
-	slices.SortStableFunc(free, func(a, b run) int { return cmp.Compare(b.blockSize, a.blockSize) })
+	free := h.freeMappings(top)
 	if !keep {
 		n, err := h.releaseOrphans()
 		released += n
@@ -698,28 +686,77 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 			return released, err
 		}
 	}
-	// Within a free block, the top mappings first: the bottom may be cut
-	// off first. (Walk listed them bottom up; the sort is stable.)
-	for i := 0; i < len(free); {
-		j := i + 1
-		for j < len(free) && free[j].blockSize == free[i].blockSize && free[j].first > free[j-1].first {
-			j++
-		}
-		slices.Reverse(free[i:j])
-		i = j
-	}
 	for _, r := range free {
 		if released >= limit {
 			break
 		}
+		first := h.cutFromTop(r, limit-released)
+		n := r.first + r.n - first
 		orphans := h.orphanPages()
-		if err := h.unmap(r.first, r.n, keep); err != nil {
+		if err := h.unmap(first, n, keep); err != nil {
 			return released, err
 		}
-		h.holes += r.n
-		released += (r.n - (h.orphanPages() - orphans)) * h.gran
+		h.holes += n
+		released += (n - (h.orphanPages() - orphans)) * h.gran
 	}
 	return released, nil
+}
+
+// mappingRun is a run of adjacent whole mappings, pages [first,
+// first+n), lying under one free block of blockSize bytes.
+type mappingRun struct{ first, n, blockSize uint64 }
+
+// freeMappings returns the runs of adjacent whole mappings lying under
+// free blocks, but for the free block at address skip, in the order
+// release and recycle take them: the largest free blocks first and,
+// within one, from its top down (the bottom of a free block is the part
+// the next split allocates). A mapping that reaches outside its free
+// block (under a live block too) is in no run. In O(pages under free
+// blocks).
+func (h *vmmHeap) freeMappings(skip uint64) []mappingRun {
+	var free []mappingRun
+	h.x.Walk(func(b tlsf.Block) bool {
+		if !b.Free || b.Addr == skip {
+			return true
+		}
+		first := (b.Addr - h.base + h.gran - 1) / h.gran
+		end := (b.Addr + b.Size - h.base) / h.gran
+		for _, r := range runs(h.mapped, first, end, true) {
+			open := false // the last run in free takes more mappings
+			for p := r[0]; p < r[0]+r[1]; {
+				s := uint64(h.start[p])
+				k := h.mappingLen(s)
+				if s < first || s+k > end {
+					open = false
+				} else if open {
+					free[len(free)-1].n += k
+				} else {
+					free = append(free, mappingRun{s, k, b.Size})
+					open = true
+				}
+				p = s + k
+			}
+		}
+		return true
+	})
+	slices.SortStableFunc(free, func(a, b mappingRun) int {
+		if c := cmp.Compare(b.blockSize, a.blockSize); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.first, a.first)
+	})
+	return free
+}
+
+// cutFromTop returns the first page of the fewest whole mappings at the
+// top of r that hold at least bytes bytes (r.first if all of r is
+// needed): what one cuMemUnmap takes from r.
+func (h *vmmHeap) cutFromTop(r mappingRun, bytes uint64) uint64 {
+	p := r.first + r.n
+	for p > r.first && (r.first+r.n-p)*h.gran < bytes {
+		p = uint64(h.start[p-1])
+	}
+	return p
 }
 
 func (h *vmmHeap) close() error {
