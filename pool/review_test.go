@@ -128,3 +128,27 @@ func TestAdjacentMappingsUnmapInOneCall(t *testing.T) {
 	require.Equal(t, after[device.CallMemRelease]+4, final[device.CallMemRelease], "three handles and the spare")
 	checkStep(t, p, d)
 }
+
+// With BestFit the out-of-memory path places blocks as the normal path
+// does (AllocFit, the request rounded to 256 bytes), not by good fit:
+// good fit asks for up to a size class more and, near a cap, fails
+// requests that fit (tlsf-stress multi failed hundreds within 90% of the
+// share).
+func TestBestFitOutOfMemoryPathPlacesByBestFit(t *testing.T) {
+	d := onSim(sim.New(sim.Config{Capacity: giB}))
+	p := openPool(t, d, Options{Backend: BackendVMM, BestFit: true, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	const size = 5_000_000
+	big, err := p.Alloc(64 * miB)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(big))
+	p.mu.Lock()
+	b, err := p.searchRecycling(size, 0)
+	p.mu.Unlock()
+	require.NoError(t, err)
+	require.Equal(t, roundUp(size, indexGranularity), b.Size)
+	p.mu.Lock()
+	_, err = p.x.Free(b.Addr)
+	p.mu.Unlock()
+	require.NoError(t, err)
+	checkStep(t, p, d)
+}

@@ -135,6 +135,9 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 		if align > indexGranularity {
 			return p.x.AllocAligned(size, align)
 		}
+		if p.opts.BestFit {
+			return p.x.AllocFit(size)
+		}
 		return p.x.Alloc(size)
 	}
 	b, err := alloc()
