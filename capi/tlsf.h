@@ -147,7 +147,10 @@ void tlsf_record_stream(void* ptr, void* stream);
  * Keys: backend (auto|vmm|chunks|passthrough), device (cuda|sim),
  * sim_capacity (bytes, device:sim only), initial_fraction, grow_fraction,
  * max_fraction, release_fraction, free_floor_fraction (fractions in
- * [0, 1]), max_bytes (bytes), caches (true|false), passthrough
+ * [0, 1]), max_bytes (bytes), caches (true|false), cache_max_size
+ * (bytes: the largest request the caches serve), best_fit (true|false:
+ * best fit within the request's own list; with cache_max_size:4KiB the
+ * least reserved memory on the shared traces), passthrough
  * (true|false), guard (bytes of red zone after every block, checked on
  * free), history (events kept for snapshots), history_stacks
  * (true|false). Bytes: an integer, or a number and a unit KiB, MiB, GiB,

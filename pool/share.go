@@ -364,8 +364,11 @@ func (p *Pool) placeMapped(h *vmmHeap, b tlsf.Block, need uint64, alloc func() (
 // 56 of 66,134. Simulated, with real time: K = 2 and 4, 2.9 and 2.5
 // against 3.2 and 3.5. (Skips counted per request, not per check, the
 // limit raised by requests within 90%, and no second look within a
-// request came after the H200 run; on the simulated H200 they changed the
-// figures by less than 0.15.)
+// request came after that run; on the simulated H200 they changed the
+// figures by less than 0.15. In a later session's run, the code with them
+// made 2.59, 2.16 and 3.21 calls per operation at K = 2, 3, 4, and 1.99,
+// 1.66 and 2.52 with one cuMemUnmap per run of mappings instead of per
+// mapping (vmmHeap.freeMappings), at the same operations per second.)
 
 // roomToBack reports whether the pool may back need bytes of holes under
 // the block for a request of size bytes: within the cap, the spares

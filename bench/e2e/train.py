@@ -46,6 +46,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 ALLOCATORS = ["native", "expandable", "tlsf"]
+# The pool's configurations (TLSF_ALLOC_CONF keys) by allocator name;
+# tlsf-bestfit (not run by default) is best fit with 4 KiB caches.
+TLSF_CONF = {"tlsf": [], "tlsf-bestfit": ["best_fit:true", "cache_max_size:4KiB"]}
 MODELS = ["resnet50", "gpt2"]
 GIB = 1 << 30
 
@@ -74,7 +77,7 @@ def worker(spec):
         result = {"status": "error", "error": "%s: %s" % (type(e).__name__, str(e)[:2000])}
         try:
             result["status"] = _classify(e, spec)
-            if spec["allocator"] == "tlsf":
+            if spec["allocator"].startswith("tlsf"):
                 result["tlsf_error"] = _tlsf_last_error()
         except BaseException:
             pass
@@ -102,7 +105,7 @@ def _classify(e, spec):
 
     if isinstance(e, torch.cuda.OutOfMemoryError):
         return "oom"
-    if spec["allocator"] == "tlsf":
+    if spec["allocator"].startswith("tlsf"):
         try:
             import tlsf_torch
 
@@ -117,14 +120,15 @@ def _setup_allocator(spec):
     """Must run before any CUDA work."""
     import torch
 
-    if spec["allocator"] == "tlsf":
+    if spec["allocator"].startswith("tlsf"):
         sys.path.insert(0, os.path.join(REPO, "python"))
         import tlsf_torch
 
-        conf = "max_bytes:%d" % spec["cap"] if spec.get("cap") else ""
+        items = TLSF_CONF[spec["allocator"]] + (["max_bytes:%d" % spec["cap"]] if spec.get("cap") else [])
+        conf = ",".join(items)
         tlsf_torch.install(lib=spec["lib"], conf=conf)
     torch.cuda.init()
-    if spec.get("cap") and spec["allocator"] != "tlsf":
+    if spec.get("cap") and not spec["allocator"].startswith("tlsf"):
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, spec["cap"] / total), 0)
 
@@ -200,7 +204,7 @@ def _build(model_name, spec):
 def _memory(spec):
     import torch
 
-    if spec["allocator"] == "tlsf":
+    if spec["allocator"].startswith("tlsf"):
         import tlsf_torch
 
         s = tlsf_torch.stats(0)
@@ -226,7 +230,7 @@ def _work(spec):
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(float(lv).hex())
-        if spec["allocator"] == "tlsf":
+        if spec["allocator"].startswith("tlsf"):
             import tlsf_torch
 
             if tlsf_torch.stats()["num_ooms"] > 0:
@@ -362,11 +366,14 @@ def main():
     if args.quick:
         args.steps, args.warmup, args.probes = 4, 1, 1
     args.lib = os.path.abspath(args.lib)
-    if "tlsf" in args.allocators and not os.path.exists(args.lib):
+    if any(a.startswith("tlsf") for a in args.allocators.split(",")) and not os.path.exists(args.lib):
         sys.exit("train.py: %s not found: build it with make capi" % args.lib)
     os.makedirs(args.out, exist_ok=True)
     models = [m for m in args.models.split(",") if m]
     allocators = [a for a in args.allocators.split(",") if a]
+    for a in allocators:
+        if a not in ["native", "expandable"] + list(TLSF_CONF):
+            sys.exit("train.py: unknown allocator %r (native, expandable, %s)" % (a, ", ".join(TLSF_CONF)))
     runner = Runner(args)
     results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "args": vars(args), "train": {}, "bisect": {}}
 
