@@ -363,6 +363,7 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 	if p.closed {
 		return 0, ErrClosed
 	}
+	p.full.reqs++
 	pid := procPin()
 	procUnpin()
 	if pid >= len(c.ps) { // GOMAXPROCS grew after New: no cache for this P

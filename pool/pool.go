@@ -261,6 +261,7 @@ func (p *Pool) lockedAlloc(size uint64, s device.Stream, cached bool) (uintptr, 
 // single-stream pool on its stream that the index serves from backed
 // memory, runs here; everything else goes to allocOdd.
 func (p *Pool) allocLocked(size, align uint64, s device.Stream) (uintptr, error) {
+	p.full.reqs++
 	if st := p.ss.first; p.closed || size-1 >= p.fastMax || align > indexGranularity || st == nil || st.s != s || p.ss.multi {
 		return p.allocOdd(size, align, s)
 	}

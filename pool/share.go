@@ -393,10 +393,12 @@ type fullDevice struct {
 	limit uint64
 	// skips counts the requests beyond it still to fail without a look.
 	skips int
-	// req is 1 + the request (allocs + ooms) that last decided whether to
-	// look (skipLook, looked), skipping whether it then skips.
-	req      uint64
-	skipping bool
+	// reqs counts the locked allocation requests begun (allocLocked,
+	// refillLocked): the current request's identity. req is the request
+	// that last decided whether to look (skipLook, looked), skipping
+	// whether it then skips.
+	reqs, req uint64
+	skipping  bool
 }
 
 // pastLimit reports whether more bytes of new memory would take reserved
@@ -458,11 +460,10 @@ func (p *Pool) fullBeyond(size, more uint64) bool {
 // skip; one whose look found no room does not look again (looked).
 func (p *Pool) skipLook() bool {
 	f := &p.full
-	req := p.c.allocs + p.c.ooms + 1 // changes once per request that ends
-	if f.req == req {
+	if f.req == f.reqs {
 		return f.skipping
 	}
-	f.req, f.skipping = req, f.skips > 0
+	f.req, f.skipping = f.reqs, f.skips > 0
 	if f.skipping {
 		f.skips--
 	}
@@ -488,7 +489,7 @@ func (p *Pool) looked(room bool, more uint64, within bool) bool {
 		f.on = false
 	case !within:
 		f.skips = fullProbeSkips
-		f.req, f.skipping = p.c.allocs+p.c.ooms+1, true // this request looked
+		f.req, f.skipping = f.reqs, true // this request looked
 	}
 	return room
 }
