@@ -170,7 +170,7 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 		if initial > 0 {
 			p.setFine()
 			err := p.heap.grow(initial, initial)
-			p.noteRefused()
+			p.noteMapping()
 			if err != nil {
 				_ = p.heap.close()
 				return nil, fmt.Errorf("pool: initial reserve of %d bytes: %w", initial, err)
@@ -398,8 +398,7 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 		}
 		p.setFine()
 		err := p.heap.back(b)
-		p.noteRefused()
-		p.noteDropped()
+		p.noteMapping()
 		if err != nil {
 			_, _ = p.x.Free(b.Addr)
 			return tlsf.Block{}, err
@@ -606,8 +605,7 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 		h.freeHint, h.freeHintOK = free, true
 	}
 	err = p.heap.grow(need, want)
-	p.noteRefused()
-	p.noteDropped()
+	p.noteMapping()
 	if err != nil {
 		return tlsf.Block{}, err
 	}
@@ -1168,6 +1166,14 @@ func (p *Pool) noteMoved(n uint64) {
 	h.dropped = 0
 	p.c.recycledBytes += n - d
 	p.noteReleased(d)
+}
+
+// noteMapping notes what a VMM heap's mapping (grow, back) left to note:
+// a cuMemCreate refused for want of memory (noteRefused) and the spares it
+// released (noteDropped). Every mapping site calls it, error or not.
+func (p *Pool) noteMapping() {
+	p.noteRefused()
+	p.noteDropped()
 }
 
 // noteDropped counts the spares a VMM heap released while mapping

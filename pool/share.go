@@ -167,8 +167,7 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 			return tlsf.Block{}, errNoRoom
 		}
 		err := h.back(b)
-		p.noteRefused()
-		p.noteDropped()
+		p.noteMapping()
 		if err != nil {
 			_, _ = p.x.Free(b.Addr)
 			return tlsf.Block{}, err
