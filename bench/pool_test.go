@@ -25,9 +25,8 @@ func newSimPool(tb testing.TB, o pool.Options) *pool.Pool {
 // BenchmarkPoolReplay replays each shared trace through a pool on the
 // simulated H200, caches on, for each pooled backend with default options,
 // for VMM with ReleaseFraction 0.03 ("vmm-rf0.03", the memory-tight
-// policy) and for VMM with BestFit and caches for blocks of 4 KiB and less
-// ("vmm-bestfit-c4k", the placement that is below PyTorch's expandable
-// segments on the three traces). Metrics:
+// policy) and for VMM with GoodFit and its caches for blocks of 1 MiB and
+// less ("vmm-goodfit-c1m", the default before best fit). Metrics:
 //   - reserved/live: peak reserved over peak live bytes, no cap, cold;
 //   - mincap/live: the smallest MaxBytes under which the replay has no
 //     failed allocation (bisection to 2 MiB), over peak live;
@@ -50,7 +49,7 @@ func BenchmarkPoolReplay(b *testing.B) {
 		}{
 			{"vmm", pool.Options{Backend: pool.BackendVMM}},
 			{"vmm-rf0.03", pool.Options{Backend: pool.BackendVMM, ReleaseFraction: 0.03}},
-			{"vmm-bestfit-c4k", pool.Options{Backend: pool.BackendVMM, BestFit: true, Cache: pool.CacheOptions{MaxSize: 4 << 10}}},
+			{"vmm-goodfit-c1m", pool.Options{Backend: pool.BackendVMM, GoodFit: true}},
 			{"chunks", pool.Options{Backend: pool.BackendChunks}},
 		} {
 			b.Run(name+"/"+cfg.name, func(b *testing.B) {

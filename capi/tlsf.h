@@ -148,9 +148,9 @@ void tlsf_record_stream(void* ptr, void* stream);
  * sim_capacity (bytes, device:sim only), initial_fraction, grow_fraction,
  * max_fraction, release_fraction, free_floor_fraction (fractions in
  * [0, 1]), max_bytes (bytes), caches (true|false), cache_max_size
- * (bytes: the largest request the caches serve), best_fit (true|false:
- * best fit within the request's own list; with cache_max_size:4KiB the
- * least reserved memory on the shared traces), passthrough
+ * (bytes: the largest request the caches serve, default 4KiB, 1MiB with
+ * good_fit), good_fit (true|false: TLSF's O(1) good fit instead of the
+ * default best fit within the request's own list), passthrough
  * (true|false), guard (bytes of red zone after every block, checked on
  * free), history (events kept for snapshots), history_stacks
  * (true|false). Bytes: an integer, or a number and a unit KiB, MiB, GiB,

@@ -98,6 +98,7 @@ type poolRun struct {
 	p        *pool.Pool
 	backend  pool.Backend
 	sizes    *tlsf.Index // the pool's size classes
+	opts     pool.Options
 	streams  []device.Stream
 	live     []liveBlock
 	freed    []uintptr // recently freed pointers, newest last
@@ -133,7 +134,11 @@ func runPool(t testing.TB, in []byte) {
 			MaxFraction: pick(r, 0, 0.01, 1),
 		},
 	}
-	run := &poolRun{t: t, sd: sd, other: sd.NewProcess(), backend: backend, nextPat: 0x5eed0000,
+	// Good fit where the input picked 256 KiB caches: both placements are
+	// fuzzed, and inputs decode as they did before best fit was the
+	// default.
+	opts.GoodFit = opts.Cache.MaxSize == 256<<10
+	run := &poolRun{t: t, sd: sd, other: sd.NewProcess(), backend: backend, opts: opts, nextPat: 0x5eed0000,
 		faults: map[device.Call]bool{}, held: map[device.Stream]bool{}}
 	run.streams = []device.Stream{0}
 	for range 2 {
@@ -332,8 +337,26 @@ func (run *poolRun) alloc(size uint64, s device.Stream) {
 		run.failed(name, err, before)
 		return
 	}
-	_, rounded := run.sizes.SizeClass(size)
-	run.placed(name, liveBlock{ptr: ptr, extent: size, rounded: rounded, stream: s})
+	run.placed(name, liveBlock{ptr: ptr, extent: size, rounded: run.blockSize(size, s), stream: s})
+}
+
+// blockSize is the size Stats count a block of size bytes allocated on
+// stream s at: its size class where the caches serve it (the default
+// stream, the caches' largest size and less: 4 KiB by default, 1 MiB
+// with GoodFit) or with GoodFit, else size rounded up to 256 bytes.
+func (run *poolRun) blockSize(size uint64, s device.Stream) uint64 {
+	most := run.opts.Cache.MaxSize
+	if most == 0 {
+		most = 4 << 10
+		if run.opts.GoodFit {
+			most = 1 << 20
+		}
+	}
+	if run.opts.GoodFit || s == 0 && !run.opts.Cache.Disable && size <= most {
+		_, r := run.sizes.SizeClass(size)
+		return r
+	}
+	return (size + 255) &^ 255
 }
 
 func (run *poolRun) allocPitch(w, h uint64) {
@@ -597,8 +620,7 @@ func (run *poolRun) finish() {
 		if err != nil {
 			t.Fatalf("finish: Alloc(%d) on an empty pool without faults: %v", size, err)
 		}
-		_, rounded := run.sizes.SizeClass(size)
-		run.placed("finish", liveBlock{ptr: ptr, extent: size, rounded: rounded})
+		run.placed("finish", liveBlock{ptr: ptr, extent: size, rounded: run.blockSize(size, 0)})
 		run.check("finish: alloc")
 	}
 	for _, b := range run.live {

@@ -445,7 +445,8 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 		{"MaxFraction 0 is 1 (no cap)", pool.Options{MaxFraction: 1}, pool.Options{}, false},
 		{"ReleaseFraction 0 is off", pool.Options{}, pool.Options{ReleaseFraction: 0.03}, false},
 		{"Cache.MaxFraction 0 is 1/16", pool.Options{Cache: pool.CacheOptions{MaxFraction: 1.0 / 16}}, pool.Options{}, false},
-		{"Cache.MaxSize 0 is 1 MiB", pool.Options{Cache: pool.CacheOptions{MaxSize: 1 << 20}}, pool.Options{Cache: pool.CacheOptions{MaxSize: 1024}}, false},
+		{"Cache.MaxSize 0 is 4 KiB", pool.Options{Cache: pool.CacheOptions{MaxSize: 4 << 10}}, pool.Options{Cache: pool.CacheOptions{MaxSize: 1024}}, false},
+		{"GoodFit off is best fit", pool.Options{}, pool.Options{GoodFit: true}, false},
 		{"SLLog2 0 is 6", pool.Options{SLLog2: 6}, pool.Options{SLLog2: 3}, false},
 		{"VirtualSize 0 is twice the device's memory", pool.Options{VirtualSize: 2 * capacity}, pool.Options{}, false},
 		{"MaxBytes 0 is no cap", pool.Options{MaxBytes: math.MaxUint64}, pool.Options{}, true},
@@ -465,7 +466,7 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 						t.Fatalf("%s: zero gives %+v\ndefault gives %+v", c.name, a, b)
 					}
 					sensitive := !reflect.DeepEqual(c.other, pool.Options{}) && !c.other.Cache.Disable && c.other.Cache.MaxSize == 0 &&
-						(cfg.backend != pool.BackendPassthrough || c.other.SLLog2 != 0)
+						(cfg.backend != pool.BackendPassthrough || c.other.GoodFit) // a passthrough pool counts size classes only with GoodFit
 					if sensitive && workload(t, cfg.backend, cfg.cacheOff, capacity, c.other) == a {
 						t.Fatalf("%s: the workload cannot tell %+v from the default", c.name, c.other)
 					}
@@ -600,12 +601,13 @@ func workload(t *testing.T, be pool.Backend, cacheOff bool, capacity uint64, o p
 
 // Requests of exactly a size-class boundary that is also the heap's unit
 // (2 MiB: a chunk, a VMM page), one granule either side, and one below
-// the minimum block: each is served, counted at its class size, backed
-// by the least whole units, and returned by Trim.
+// the minimum block: each is served, counted at its block size (the
+// request rounded to 256 bytes; with GoodFit, its class size), backed by
+// the least whole units, and returned by Trim.
 func TestRequestsAtChunkAndClassBoundaries(t *testing.T) {
 	const unit = 2 << 20
 	cases := []struct {
-		size, rounded, reserved uint64 // reserved: pooled backends
+		size, class, reserved uint64 // class: with GoodFit; reserved: pooled backends
 	}{
 		{1, 256, unit},                        // below the minimum block
 		{unit - 256, unit, unit},              // rounds up to the boundary
@@ -615,48 +617,54 @@ func TestRequestsAtChunkAndClassBoundaries(t *testing.T) {
 		{2*unit + 256, 2*unit + 64<<10, 3 * unit},
 	}
 	for _, cfg := range configs {
-		t.Run(configName(cfg.backend, cfg.cacheOff), func(t *testing.T) {
-			for _, c := range cases {
-				sd := sim.New(sim.Config{Capacity: 1 << 30, Shadow: true})
-				// A growth fraction so small that each growth is the need.
-				p, err := pool.New(sd, pool.Options{Backend: cfg.backend, GrowFraction: 1e-12,
-					Cache: pool.CacheOptions{Disable: cfg.cacheOff, MaxSize: 1}})
-				if err != nil {
-					t.Fatal(err)
+		for _, goodFit := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/goodfit=%v", configName(cfg.backend, cfg.cacheOff), goodFit), func(t *testing.T) {
+				for _, c := range cases {
+					sd := sim.New(sim.Config{Capacity: 1 << 30, Shadow: true})
+					// A growth fraction so small that each growth is the need.
+					p, err := pool.New(sd, pool.Options{Backend: cfg.backend, GrowFraction: 1e-12, GoodFit: goodFit,
+						Cache: pool.CacheOptions{Disable: cfg.cacheOff, MaxSize: 1}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					ptr, err := p.Alloc(c.size)
+					if err != nil {
+						t.Fatalf("Alloc(%d): %v", c.size, err)
+					}
+					b := block{ptr: ptr, size: c.size, pat: 0xb0da0000}
+					if err := sd.MemsetD32(b.ptr, b.pat, b.size/4); err != nil {
+						t.Fatal(err)
+					}
+					st := p.Stats()
+					want := c.reserved
+					if cfg.backend == pool.BackendPassthrough {
+						want = c.size
+					}
+					rounded := (c.size + 255) &^ 255
+					if goodFit {
+						rounded = c.class
+					}
+					if st.Allocated != rounded || st.Reserved != want {
+						t.Fatalf("Alloc(%d): allocated %d, reserved %d; want %d and %d", c.size, st.Allocated, st.Reserved, rounded, want)
+					}
+					if err := p.Check(); err != nil {
+						t.Fatal(err)
+					}
+					expectPattern(t, sd, "boundary", b)
+					if err := p.Free(ptr); err != nil {
+						t.Fatal(err)
+					}
+					if _, err := p.Trim(); err != nil {
+						t.Fatal(err)
+					}
+					if st := p.Stats(); st.Reserved != 0 || sd.Mapped() != 0 {
+						t.Fatalf("after freeing %d bytes and Trim: reserved %d, mapped %d", c.size, st.Reserved, sd.Mapped())
+					}
+					if err := p.Close(); err != nil {
+						t.Fatal(err)
+					}
 				}
-				ptr, err := p.Alloc(c.size)
-				if err != nil {
-					t.Fatalf("Alloc(%d): %v", c.size, err)
-				}
-				b := block{ptr: ptr, size: c.size, pat: 0xb0da0000}
-				if err := sd.MemsetD32(b.ptr, b.pat, b.size/4); err != nil {
-					t.Fatal(err)
-				}
-				st := p.Stats()
-				want := c.reserved
-				if cfg.backend == pool.BackendPassthrough {
-					want = c.size
-				}
-				if st.Allocated != c.rounded || st.Reserved != want {
-					t.Fatalf("Alloc(%d): allocated %d, reserved %d; want %d and %d", c.size, st.Allocated, st.Reserved, c.rounded, want)
-				}
-				if err := p.Check(); err != nil {
-					t.Fatal(err)
-				}
-				expectPattern(t, sd, "boundary", b)
-				if err := p.Free(ptr); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := p.Trim(); err != nil {
-					t.Fatal(err)
-				}
-				if st := p.Stats(); st.Reserved != 0 || sd.Mapped() != 0 {
-					t.Fatalf("after freeing %d bytes and Trim: reserved %d, mapped %d", c.size, st.Reserved, sd.Mapped())
-				}
-				if err := p.Close(); err != nil {
-					t.Fatal(err)
-				}
-			}
-		})
+			})
+		}
 	}
 }

@@ -1,7 +1,8 @@
 package pool
 
-// Options.BestFit: requests rounded to 256 bytes, best fit in the own
-// list; the caches keep their size classes.
+// Best fit, the default: requests rounded to 256 bytes, best fit in the
+// own list; the caches keep their size classes. Options.GoodFit: size
+// classes.
 
 import (
 	"math/rand/v2"
@@ -16,7 +17,7 @@ func TestBestFitBlocksAreRoundedTo256Bytes(t *testing.T) {
 		for _, cm := range cacheModes {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
 				d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
-				p := openPool(t, d, Options{Backend: be, BestFit: true, Cache: CacheOptions{Disable: cm.off}})
+				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off}})
 				size := 5*miB + 1000 // a size class would round it to 5 MiB + 64 KiB
 				ptr, err := p.Alloc(size)
 				require.NoError(t, err)
@@ -57,5 +58,24 @@ func TestBestFitBlocksAreRoundedTo256Bytes(t *testing.T) {
 				checkStep(t, p, d)
 			})
 		}
+	}
+}
+
+func TestGoodFitBlocksKeepTheirSizeClass(t *testing.T) {
+	for _, be := range pooledBackends {
+		d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
+		p := openPool(t, d, Options{Backend: be, GoodFit: true})
+		require.Equal(t, uint64(1<<20), p.opts.Cache.MaxSize, "good fit's caches serve blocks of 1 MiB and less")
+		for _, size := range []uint64{5*miB + 1000, 300 << 10, 1000} {
+			before := p.Stats().Allocated
+			ptr, err := p.Alloc(size)
+			require.NoError(t, err)
+			require.Equal(t, sizeClass(size), p.Stats().Allocated-before, "%d bytes", size)
+			n, err := p.Size(ptr)
+			require.NoError(t, err)
+			require.Equal(t, sizeClass(size), n)
+			require.NoError(t, p.Free(ptr))
+		}
+		checkStep(t, p, d)
 	}
 }

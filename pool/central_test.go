@@ -69,7 +69,7 @@ func TestCentralBlocksGoBackBeforeTheHeapGrows(t *testing.T) {
 	d := onSim(sim.New(sim.Config{Capacity: giB}))
 	// 4 MiB up front; 2 MiB of small blocks end up cached, then on the
 	// central lists; a 3 MiB request fits only if they come back.
-	p := openPool(t, d, Options{Backend: BackendVMM, InitialFraction: 4.0 / 1024})
+	p := openPool(t, d, Options{Backend: BackendVMM, InitialFraction: 4.0 / 1024, Cache: CacheOptions{MaxSize: miB}})
 	require.Equal(t, 4*miB, p.Stats().Reserved)
 	before := cachedSmall(t, p, d, 32, 64*kiB)
 	require.Positive(t, before.Cached)

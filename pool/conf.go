@@ -76,7 +76,7 @@ var confKeys = map[string]func(c *Conf, v string) error{
 		return err
 	},
 	"cache_max_size": func(c *Conf, v string) (err error) { c.Options.Cache.MaxSize, err = parseBytes(v); return err },
-	"best_fit":       func(c *Conf, v string) (err error) { c.Options.BestFit, err = parseBool(v); return err },
+	"good_fit":       func(c *Conf, v string) (err error) { c.Options.GoodFit, err = parseBool(v); return err },
 	"passthrough":    func(c *Conf, v string) (err error) { c.Options.Passthrough, err = parseBool(v); return err },
 	"guard":          func(c *Conf, v string) (err error) { c.Options.Guard, err = parseBytes(v); return err },
 	"history": func(c *Conf, v string) error {
@@ -104,7 +104,7 @@ var confKeys = map[string]func(c *Conf, v string) error{
 //	free_floor_fraction  fraction in [0, 1] (Options.FreeFloorFraction)
 //	caches               true | false (false sets Options.Cache.Disable)
 //	cache_max_size       bytes (Options.Cache.MaxSize; 0: the default)
-//	best_fit             true | false (Options.BestFit)
+//	good_fit             true | false (Options.GoodFit)
 //	passthrough          true | false (Options.Passthrough)
 //	guard                bytes of red zone after every block (Options.Guard)
 //	history              events kept for History and Snapshot (Options.History)

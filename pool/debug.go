@@ -127,20 +127,28 @@ func (d *debugLayer) alloc(size uint64, s device.Stream) (uintptr, error) {
 		d.watch.region(ptr, size)
 	}
 	b := debugBlock{size: size, stream: s}
-	b.user = p.sizeClass(size)
+	b.user = p.blockSize(size, s)
 	if d.guard > 0 {
-		b.extra = p.sizeClass(size+d.guard) - b.user
+		b.extra = p.blockSize(size+d.guard, s) - b.user
 	}
 	d.add(ptr, b)
 	return ptr, nil
 }
 
-// sizeClass is the block size the pool gives a request of size bytes.
-func (p *Pool) sizeClass(size uint64) uint64 {
-	if _, r := p.x.SizeClass(size); r >= size {
-		return r
+// blockSize is the size in bytes of the block the pool gives a request of
+// size bytes on stream s, aligned to no more than 256 bytes: its size
+// class where the caches serve it (the default stream, Cache.MaxSize and
+// less) or with GoodFit, else size rounded up to 256 bytes (best fit,
+// tlsf.Index.AllocFit). A passthrough pool counts its allocations at the
+// size a pooled one would give them.
+func (p *Pool) blockSize(size uint64, s device.Stream) uint64 {
+	if p.opts.GoodFit || s == 0 && !p.opts.Cache.Disable && size-1 < p.opts.Cache.MaxSize {
+		if _, r := p.x.SizeClass(size); r >= size {
+			return r
+		}
+		return size
 	}
-	return size
+	return roundUp(size, indexGranularity)
 }
 
 // notePitch records a pitch allocation of size bytes (pitch × height) at

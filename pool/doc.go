@@ -8,13 +8,16 @@
 // Like the Go runtime's mcache → mcentral → mheap, a request goes to the
 // first tier that can serve it:
 //
-//  1. the current P's cache (cache.go): small blocks (1 MiB and below by
+//  1. the current P's cache (cache.go): small blocks (4 KiB and below by
 //     default) on the default stream, without the pool's lock; an empty
 //     cache refills from central per-class lists of blocks other Ps shed
 //     (mcentral) before the index, and blocks cached by other Ps go back
 //     to the index before the heap grows;
-//  2. the TLSF index (package tlsf), under the pool's lock: O(1) good-fit
-//     allocation and immediate coalescing, with all metadata on the CPU;
+//  2. the TLSF index (package tlsf), under the pool's lock: best fit
+//     within the request's own second-level list (tlsf.Index.AllocFit,
+//     at most tlsf.FitScan blocks read), else the O(1) good fit of TLSF
+//     §3.3 (Options.GoodFit for good fit alone), and immediate coalescing,
+//     with all metadata on the CPU;
 //  3. the heap (heap.go), which adds device memory to the index: a VMM
 //     range whose pages are mapped on demand, one physical allocation per
 //     growth (vmm.go), or cuMemAlloc'd chunks (chunks.go).

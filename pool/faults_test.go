@@ -245,6 +245,7 @@ type campaign struct {
 	p       *pool.Pool
 	backend pool.Backend
 	sizes   *tlsf.Index // the pool's size classes (64 lists)
+	opts    pool.Options
 	rng     *rand.Rand
 	streams []device.Stream
 	live    []campaignBlock
@@ -279,7 +280,7 @@ func newCampaign(t *testing.T, be pool.Backend, cacheOff bool, seed uint64, tune
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp := &campaign{t: t, sd: sd, p: p, backend: be, sizes: sizes, rng: rand.New(rand.NewPCG(seed, 99)), streams: []device.Stream{0}, nextPat: 0xca000000}
+	cp := &campaign{t: t, sd: sd, p: p, backend: be, sizes: sizes, opts: o, rng: rand.New(rand.NewPCG(seed, 99)), streams: []device.Stream{0}, nextPat: 0xca000000}
 	for range 2 {
 		s, err := sd.StreamCreate()
 		if err != nil {
@@ -351,8 +352,26 @@ func (cp *campaign) alloc(size uint64, s device.Stream) {
 		cp.failed(fmt.Sprintf("AllocOn(%d)", size), err)
 		return
 	}
-	_, r := cp.sizes.SizeClass(size)
-	cp.placed(campaignBlock{block: block{ptr: ptr, size: size}, rounded: r, stream: s})
+	cp.placed(campaignBlock{block: block{ptr: ptr, size: size}, rounded: cp.blockSize(size, s), stream: s})
+}
+
+// blockSize is the size Stats count a block of size bytes allocated on
+// stream s at: its size class where the caches serve it (the default
+// stream, the caches' largest size and less: 4 KiB by default, 1 MiB
+// with GoodFit) or with GoodFit, else size rounded up to 256 bytes.
+func (cp *campaign) blockSize(size uint64, s device.Stream) uint64 {
+	most := cp.opts.Cache.MaxSize
+	if most == 0 {
+		most = 4 << 10
+		if cp.opts.GoodFit {
+			most = 1 << 20
+		}
+	}
+	if cp.opts.GoodFit || s == 0 && !cp.opts.Cache.Disable && size <= most {
+		_, r := cp.sizes.SizeClass(size)
+		return r
+	}
+	return (size + 255) &^ 255
 }
 
 func (cp *campaign) allocPitch(w, h uint64) {
@@ -448,8 +467,7 @@ func (cp *campaign) recover() {
 		if err != nil {
 			t.Fatalf("Alloc(%d) once faults stopped: %v", size, err)
 		}
-		_, r := cp.sizes.SizeClass(size)
-		cp.placed(campaignBlock{block: block{ptr: ptr, size: size}, rounded: r})
+		cp.placed(campaignBlock{block: block{ptr: ptr, size: size}, rounded: cp.blockSize(size, 0)})
 	}
 	cp.check(-2)
 	for _, b := range cp.live {

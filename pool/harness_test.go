@@ -122,13 +122,29 @@ var refIndex = func() *tlsf.Index {
 	return x
 }()
 
-// sizeClass is the block size a request of n bytes receives.
+// sizeClass is the size class of a request of n bytes: the block size
+// the caches, good fit (Options.GoodFit) and aligned requests give it.
 func sizeClass(n uint64) uint64 {
 	r, err := refIndex.RoundUp(n)
 	if err != nil {
 		panic(err)
 	}
 	return r
+}
+
+// blockSizeOf is the block size pool p gives an n-byte request on the
+// default stream: its size class where the caches serve it (caches on, n
+// at most Cache.MaxSize) or with GoodFit, else n rounded up to 256 bytes
+// (best fit).
+func blockSizeOf(p *Pool, n uint64) uint64 { return blockSizeOn(p, n, 0) }
+
+// blockSizeOn is blockSizeOf for a request on stream s: the caches serve
+// the default stream only.
+func blockSizeOn(p *Pool, n uint64, s device.Stream) uint64 {
+	if p.opts.GoodFit || s == 0 && !p.opts.Cache.Disable && n <= p.opts.Cache.MaxSize {
+		return sizeClass(n)
+	}
+	return roundUp(n, 256)
 }
 
 // liveState is what an error must leave as it was, even one that runs the

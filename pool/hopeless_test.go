@@ -37,7 +37,7 @@ func TestHopelessRequestsFailAtOnceAndReleaseNothing(t *testing.T) {
 					require.NoError(t, err)
 					ptrs = append(ptrs, ptr)
 				}
-				small, err := p.Alloc(64 * kiB)
+				small, err := p.Alloc(4 * kiB)
 				require.NoError(t, err)
 				require.NoError(t, p.Free(small))
 				for _, ptr := range ptrs[1:] {

@@ -86,7 +86,7 @@ func TestSizeGivesTheUsableSizeOfALiveBlock(t *testing.T) {
 					if be == BackendPassthrough {
 						require.Equal(t, n, got, "passthrough: what the driver allocated")
 					} else {
-						require.Equal(t, sizeClass(n), got, "size of a %d-byte request", n)
+						require.Equal(t, blockSizeOf(p, n), got, "size of a %d-byte request", n)
 					}
 				}
 				before := p.Stats()

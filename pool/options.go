@@ -135,20 +135,31 @@ type Options struct {
 	// under 1.6% of a block; measured on the shared traces in bench/).
 	SLLog2 uint
 
-	// BestFit places requests the caches do not serve by best fit within
-	// the request's own second-level list (tlsf.Index.AllocFit): the block
-	// is the request rounded up to 256 bytes, not to its size class, and a
-	// free block of the request's own list that holds it is taken before
-	// the next list's; O(tlsf.FitScan) instead of O(1). Default false:
-	// good fit (tlsf.Index.Alloc). Measured on the simulated H200
-	// (2026-12-01, peak reserved over peak live, cold · after two warm
-	// replays): with Cache.MaxSize 4 KiB, lstm 1.033 · 1.063, resnet50
-	// 1.020, tdnn 1.193, against the default's 1.142, 1.023, 1.182; with
-	// the default 1 MiB caches, 1.120, 1.020–1.026, 1.204. Statistics
-	// count such blocks at their 256-byte rounding (a passthrough pool's,
-	// which places nothing, still at their size class). Aligned requests
-	// (AllocPitch) keep good fit.
-	BestFit bool
+	// GoodFit places requests the caches do not serve by TLSF's good fit
+	// (tlsf.Index.Alloc, TLSF §3.3): the request rounded up to its size
+	// class (up to 1/2^SLLog2 more) and the head of the first non-empty
+	// list at or above it, in O(1). Default false: best fit within the
+	// request's own second-level list (tlsf.Index.AllocFit): the block is
+	// the request rounded up to 256 bytes, and a free block of the
+	// request's own list that holds it is taken before the next list's,
+	// in O(tlsf.FitScan). Blocks the caches serve keep their size class
+	// (cached blocks of a class are alike), as do aligned requests
+	// (AllocPitch); Size and the statistics count every block at the size
+	// the pool gave it (Pool.blockSize), a passthrough pool's included.
+	//
+	// Why best fit, with caches for 4 KiB blocks and less, by default:
+	// measured on the simulated H200 (2026-12-01, peak reserved over peak
+	// live, cold · after two warm replays), lstm 1.033 · 1.063, resnet50
+	// 1.020, tdnn 1.193, against good fit with 1 MiB caches (the default
+	// before): 1.142, 1.023, 1.182, and PyTorch's expandable segments'
+	// 1.120, 1.020, 1.204; smallest feasible caps 1.003, 1.003, 1.003
+	// against 1.009, 1.003, 1.004. On the H200, real training through
+	// PyTorch (bench/e2e) peaked at 10.73 and 24.38 GiB reserved for
+	// ResNet-50 and GPT-2 against 10.80 and 24.54 (expandable segments
+	// 10.70 and 24.42), at the same step time. The cost is the replays'
+	// CPU time: 41, 48 and 40 ns per operation warm against 32, 42 and 37
+	// on a 2-core VM (BenchmarkPoolReplay's vmm and vmm-goodfit-c1m).
+	GoodFit bool
 
 	// Cache configures the per-P small-block caches (see Cache).
 	Cache CacheOptions
@@ -212,7 +223,12 @@ type CacheOptions struct {
 	// Disable turns the caches off: every request takes the lock.
 	Disable bool
 	// MaxSize is the largest request in bytes served from caches
-	// (default 1 MiB).
+	// (default 4 KiB; with GoodFit, 1 MiB). Cached blocks keep their size
+	// class and are placed apart from best fit: on the lstm trace, best
+	// fit with caches of up to 8 KiB gives 1.033 × peak live reserved,
+	// with caches of 16 KiB to 1 MiB 1.120 (the default's figures are in
+	// Options.GoodFit). Larger caches save the pool's lock for more
+	// requests (a 2-core VM: 41 against 32 ns per operation on lstm).
 	MaxSize uint64
 	// MaxFraction bounds the bytes all caches hold together to
 	// MaxFraction × reserved (default 1/16).
@@ -227,7 +243,8 @@ const (
 	// ReleaseCheckInterval: frees under the lock between two checks of the
 	// device's free memory (one cuMemGetInfo, about 1 µs).
 	ReleaseCheckInterval = 4096
-	defaultCacheMaxSize  = 1 << 20
+	defaultCacheMaxSize  = 4 << 10
+	goodFitCacheMaxSize  = 1 << 20
 	defaultCacheFraction = 1.0 / 16
 )
 
@@ -280,6 +297,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Cache.MaxSize == 0 {
 		o.Cache.MaxSize = defaultCacheMaxSize
+		if o.GoodFit {
+			o.Cache.MaxSize = goodFitCacheMaxSize
+		}
 	}
 	return o, nil
 }

@@ -15,6 +15,7 @@ import (
 // memory of recent frees (to tell a double free from a foreign pointer).
 type passthrough struct {
 	live     map[uintptr]uint64 // pointer → driver bytes (pitch × height for pitch)
+	counted  map[uintptr]uint64 // pointer → the bytes statistics count it at (Pool.blockSize)
 	freed    map[uintptr]struct{}
 	reserved uint64
 	// stuck holds pitch allocations refused by the cap whose cuMemFree
@@ -28,7 +29,7 @@ type passthrough struct {
 const maxFreedMemory = 1 << 16
 
 func newPassthrough() *passthrough {
-	return &passthrough{live: map[uintptr]uint64{}, freed: map[uintptr]struct{}{}, stuck: map[uintptr]uint64{}}
+	return &passthrough{live: map[uintptr]uint64{}, counted: map[uintptr]uint64{}, freed: map[uintptr]struct{}{}, stuck: map[uintptr]uint64{}}
 }
 
 // admit checks the cap for bytes more of reserved memory.
@@ -44,7 +45,7 @@ func (t *passthrough) admit(p *Pool, size uint64) error {
 	return nil
 }
 
-func (t *passthrough) alloc(p *Pool, size uint64) (uintptr, error) {
+func (t *passthrough) alloc(p *Pool, size uint64, s device.Stream) (uintptr, error) {
 	if p.opts.OnOutOfMemory != nil {
 		// The out-of-memory hook, then one more try (observe.go).
 		capped, limit, err := p.cap()
@@ -69,7 +70,7 @@ func (t *passthrough) alloc(p *Pool, size uint64) (uintptr, error) {
 	if err != nil {
 		return 0, t.driverError(p, size, err)
 	}
-	t.noteAlloc(p, ptr, size)
+	t.noteAlloc(p, ptr, size, p.blockSize(size, s))
 	return ptr, nil
 }
 
@@ -87,7 +88,8 @@ func (t *passthrough) allocPitch(p *Pool, width, height uint64) (uintptr, uint64
 		}
 		return 0, 0, err
 	}
-	t.noteAlloc(p, ptr, size)
+	_, r := p.x.SizeClass(size) // aligned requests keep good fit
+	t.noteAlloc(p, ptr, size, r)
 	return ptr, pitch, nil
 }
 
@@ -99,25 +101,21 @@ func (t *passthrough) driverError(p *Pool, size uint64, err error) error {
 	return fmt.Errorf("pool: passthrough allocation of %d bytes: %w", size, err)
 }
 
-func (t *passthrough) noteAlloc(p *Pool, ptr uintptr, size uint64) {
+// noteAlloc records a live allocation of size driver bytes at ptr, which
+// statistics count at r bytes (the block a pooled backend would give it).
+func (t *passthrough) noteAlloc(p *Pool, ptr uintptr, size, r uint64) {
 	t.live[ptr] = size
+	t.counted[ptr] = r
 	delete(t.freed, ptr)
 	t.reserved += size
 	c := &p.c
 	c.allocs++
-	r := t.rounded(p, size)
 	c.bySize[sizeBucket(r)]++
 	c.allocated += r
 	c.active += r
 	c.allocations++
 	p.notePeaks()
 	p.noteReserved()
-}
-
-// rounded is the block size a pooled backend would give size bytes.
-func (t *passthrough) rounded(p *Pool, size uint64) uint64 {
-	_, r := p.x.SizeClass(size)
-	return r
 }
 
 // free frees ptr, last used on stream s. It synchronizes s first: the
@@ -144,7 +142,9 @@ func (t *passthrough) free(p *Pool, ptr uintptr, s device.Stream) error {
 	if err := p.dev.MemFree(ptr); err != nil {
 		return fmt.Errorf("pool: passthrough free of %#x: %w", ptr, err)
 	}
+	r := t.counted[ptr]
 	delete(t.live, ptr)
+	delete(t.counted, ptr)
 	if len(t.freed) >= maxFreedMemory {
 		clear(t.freed)
 	}
@@ -152,7 +152,6 @@ func (t *passthrough) free(p *Pool, ptr uintptr, s device.Stream) error {
 	t.reserved -= size
 	c := &p.c
 	c.frees++
-	r := t.rounded(p, size)
 	c.allocated -= r
 	c.active -= r
 	c.allocations--
@@ -183,6 +182,7 @@ func (t *passthrough) close(p *Pool) error {
 		}
 		t.reserved -= t.live[ptr]
 		delete(t.live, ptr)
+		delete(t.counted, ptr)
 	}
 	return errors.Join(errs...)
 }

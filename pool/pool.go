@@ -287,7 +287,7 @@ func (p *Pool) allocOdd(size, align uint64, s device.Stream) (uintptr, error) {
 		return 0, fmt.Errorf("%w: %d bytes", ErrTooLarge, size)
 	}
 	if p.pt != nil {
-		return p.pt.alloc(p, size)
+		return p.pt.alloc(p, size, s)
 	}
 	b, reused, err := p.allocBlock(size, align, s)
 	if err != nil {
@@ -352,7 +352,7 @@ func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool
 	}
 	if p.ss.multi && align <= indexGranularity {
 		r, _ := p.x.RoundUp(size)
-		if p.opts.BestFit {
+		if !p.opts.GoodFit {
 			r = roundUp(size, indexGranularity) // AllocFit's block size
 		}
 		if addr, ok := p.ss.reuse(st, r); ok {
@@ -379,7 +379,7 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 	var err error
 	if align > indexGranularity {
 		b, err = p.x.AllocAligned(size, align)
-	} else if p.opts.BestFit {
+	} else if !p.opts.GoodFit {
 		b, err = p.x.AllocFit(size)
 	} else {
 		b, err = p.x.Alloc(size)
@@ -501,7 +501,7 @@ func (p *Pool) hopeless(size, align uint64) error {
 	if err != nil {
 		return nil // allocOdd reports sizes the index refuses
 	}
-	if p.opts.BestFit {
+	if !p.opts.GoodFit {
 		r = roundUp(size, indexGranularity) // AllocFit's block size
 	}
 	if align > indexGranularity {

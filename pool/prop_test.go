@@ -38,7 +38,7 @@ func TestPoolAgainstAModel(t *testing.T) {
 
 type modelBlock struct {
 	n     uint64 // usable bytes: the request, or pitch × height
-	class uint64 // what Stats count: the size class of n
+	class uint64 // what Stats count: the block size of n (blockSizeOn)
 }
 
 type poolModel struct {
@@ -119,8 +119,9 @@ func (m *poolModel) stream(rt *rapid.T) (device.Stream, bool) {
 	return m.streams[i], false
 }
 
-// took records a new block, after checking it against the live ones.
-func (m *poolModel) took(rt *rapid.T, ptr uintptr, n, align uint64) {
+// took records a new block of n bytes that statistics count at class
+// bytes, after checking it against the live ones.
+func (m *poolModel) took(rt *rapid.T, ptr uintptr, n, align, class uint64) {
 	require.Zero(rt, ptr%uintptr(align), "%#x not aligned to %d", ptr, align)
 	require.NotContains(rt, m.live, ptr)
 	for q, b := range m.live {
@@ -133,7 +134,7 @@ func (m *poolModel) took(rt *rapid.T, ptr uintptr, n, align uint64) {
 		_, _, ok := m.sd.Owner(a)
 		require.True(rt, ok, "byte %#x of block [%#x, +%d) is not mapped", a, ptr, n)
 	}
-	m.live[ptr] = modelBlock{n: n, class: sizeClass(n)}
+	m.live[ptr] = modelBlock{n: n, class: class}
 	delete(m.freed, ptr)
 }
 
@@ -161,7 +162,7 @@ func (m *poolModel) alloc(rt *rapid.T) {
 		m.refusedOOM(rt, before, err)
 		return
 	}
-	m.took(rt, ptr, n, 256)
+	m.took(rt, ptr, n, 256, blockSizeOn(m.p, n, s))
 }
 
 func (m *poolModel) allocPitch(rt *rapid.T) {
@@ -174,7 +175,7 @@ func (m *poolModel) allocPitch(rt *rapid.T) {
 		return
 	}
 	require.Equal(rt, (w+511)/512*512, pitch)
-	m.took(rt, ptr, pitch*h, 512)
+	m.took(rt, ptr, pitch*h, 512, sizeClass(pitch*h)) // aligned: good fit
 }
 
 func (m *poolModel) pick(rt *rapid.T, set []uintptr, label string) uintptr {

@@ -76,7 +76,7 @@ func TestGuardIsNotTheCallers(t *testing.T) {
 	q, err := p.Alloc(1000)
 	require.NoError(t, err)
 	s := p.Stats()
-	require.Equal(t, p.sizeClass(1000), s.AllocatedPeak, "the peak after ResetPeaks excludes red zones")
+	require.Equal(t, p.blockSize(1000, 0), s.AllocatedPeak, "the peak after ResetPeaks excludes red zones")
 	snap, err := p.Snapshot()
 	require.NoError(t, err)
 	require.Equal(t, s.Allocated, snap.Stats.Allocated)
@@ -129,14 +129,14 @@ func TestAdjacentMappingsUnmapInOneCall(t *testing.T) {
 	checkStep(t, p, d)
 }
 
-// With BestFit the out-of-memory path places blocks as the normal path
+// With best fit the out-of-memory path places blocks as the normal path
 // does (AllocFit, the request rounded to 256 bytes), not by good fit:
 // good fit asks for up to a size class more and, near a cap, fails
 // requests that fit (tlsf-stress multi failed hundreds within 90% of the
 // share).
 func TestBestFitOutOfMemoryPathPlacesByBestFit(t *testing.T) {
 	d := onSim(sim.New(sim.Config{Capacity: giB}))
-	p := openPool(t, d, Options{Backend: BackendVMM, BestFit: true, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	p := openPool(t, d, Options{Backend: BackendVMM, Cache: CacheOptions{Disable: true}, NoScavenger: true})
 	const size = 5_000_000
 	big, err := p.Alloc(64 * miB)
 	require.NoError(t, err)

@@ -135,7 +135,7 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 		if align > indexGranularity {
 			return p.x.AllocAligned(size, align)
 		}
-		if p.opts.BestFit {
+		if !p.opts.GoodFit {
 			return p.x.AllocFit(size)
 		}
 		return p.x.Alloc(size)
@@ -285,7 +285,7 @@ func (p *Pool) withinLive(size uint64) bool {
 	// errors on the simulated H200 came from requests that fitted within
 	// 90% of the share as the caller counts it; 0.1–0.3% so.)
 	rounding := 1 + 1/float64(uint64(1)<<p.opts.SLLog2)
-	if p.opts.BestFit {
+	if !p.opts.GoodFit {
 		rounding = 1 // blocks rounded to 256 bytes only
 	}
 	return float64(p.used()+size) <= recycleLiveFraction*rounding*float64(limit)

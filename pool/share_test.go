@@ -407,9 +407,11 @@ func TestMovedLargeHandlesAreMappedAgain(t *testing.T) {
 // under pressure counts blocks at their size class, up to 1/64 more, so
 // it still moves pages for a request that leaves its rounded bytes a
 // little above 90% of the cap, and not past 90% × (1 + 1/64).
+// Good fit rounds blocks up to a size class: the 90% rule allows for it.
+// (Best fit rounds to 256 bytes and counts as callers do.)
 func TestTheNinetyPercentRuleAllowsForRounding(t *testing.T) {
 	d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
-	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: giB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	p := openPool(t, d, Options{Backend: BackendVMM, GoodFit: true, MaxBytes: giB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	active := p.c.active

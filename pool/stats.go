@@ -149,9 +149,9 @@ func (p *Pool) Check() error {
 	}
 	if p.pt != nil {
 		var sum, rounded uint64
-		for _, n := range p.pt.live {
+		for ptr, n := range p.pt.live {
 			sum += n
-			rounded += p.pt.rounded(p, n)
+			rounded += p.pt.counted[ptr]
 		}
 		for _, n := range p.pt.stuck {
 			sum += n

@@ -69,12 +69,12 @@ func suiteAllocFree(t *testing.T, d testDevice, be Backend) {
 		requireDisjoint(t, live, ptr, n)
 		live[ptr] = n
 		ptrs = append(ptrs, ptr)
-		want += sizeClass(n)
+		want += blockSizeOf(p, n)
 		requested += n
 		checkStep(t, p, d)
 	}
 	s := p.Stats()
-	require.Equal(t, want, s.Allocated, "Allocated counts each block at its size class")
+	require.Equal(t, want, s.Allocated, "Allocated counts each block at its block size")
 	require.Equal(t, want, s.Active)
 	require.Equal(t, int64(len(sizes)), s.Allocations)
 	require.GreaterOrEqual(t, s.Reserved, requested)
@@ -298,7 +298,7 @@ func suiteTrimClose(t *testing.T, d testDevice, be Backend) {
 	require.Zero(t, after.Cached, "Trim empties the caches")
 	require.Equal(t, before.Reserved-after.Reserved, n, "Trim reports the bytes it released")
 	if be != BackendPassthrough {
-		require.Equal(t, sizeClass(9*miB), after.Allocated)
+		require.Equal(t, blockSizeOf(p, 9*miB), after.Allocated)
 		// A chunk pool on a large GPU takes one chunk for all of these
 		// (GrowFraction of free memory), which the live block keeps.
 		require.LessOrEqual(t, after.Reserved, before.Reserved)

@@ -28,12 +28,13 @@ import "math/bits"
 // 1.204), against Alloc's 1.142, 1.023, 1.182: the own list is short, and
 // the bound is a guard against pathological lists, not a tuning knob.
 //
-// The pool uses AllocFit only with Options.BestFit: with its default
-// per-P caches, its figures on those traces sum to Alloc's (better on
-// lstm, worse on tdnn), and the index alone gains 0.7% on lstm and nothing
-// elsewhere (bench/, top/live: the address-ordered best fit reference
-// does no better); with caches for 4 KiB blocks and less it gains on all
-// three (pool/options.go gives the figures).
+// The pool places with AllocFit by default (pool.Options.GoodFit for
+// Alloc): with per-P caches for blocks of 4 KiB and less it reserves less
+// than Alloc with 1 MiB caches on lstm and resnet50, and within 1% on
+// tdnn (pool/options.go gives the figures); with 1 MiB caches its figures
+// sum to Alloc's (better on lstm, worse on tdnn). The index alone gains
+// 0.7% on lstm and nothing elsewhere (bench/, top/live: the
+// address-ordered best fit reference does no better).
 const FitScan = 64
 
 // AllocFit allocates a block of size bytes rounded up to the granularity:

@@ -18,12 +18,13 @@ const (
 	backendChunks      = "tlsf-chunks" // pool.BackendChunks
 	backendPassthrough = "passthrough" // pool.BackendPassthrough: cuMemAlloc per block
 	backendAsync       = "async"       // the driver's pool: cuMemAllocAsync/cuMemFreeAsync
-	// backendVMMBestFit is pool.BackendVMM with Options.BestFit and caches
-	// for blocks of 4 KiB and less: the memory-tight placement.
-	backendVMMBestFit = "tlsf-vmm-bestfit"
+	// backendVMMGoodFit is pool.BackendVMM with Options.GoodFit (TLSF's
+	// O(1) good fit) and its caches for blocks of 1 MiB and less: the
+	// default before best fit.
+	backendVMMGoodFit = "tlsf-vmm-goodfit"
 )
 
-var allBackends = []string{backendVMM, backendChunks, backendPassthrough, backendAsync, backendVMMBestFit}
+var allBackends = []string{backendVMM, backendChunks, backendPassthrough, backendAsync, backendVMMGoodFit}
 
 // parseBackends splits a comma-separated --backend list, rejecting
 // unknown and repeated names.
@@ -87,7 +88,7 @@ type allocOptions struct {
 func newAllocator(d device.Device, name string, o allocOptions) (allocator, error) {
 	var be pool.Backend
 	switch name {
-	case backendVMM, backendVMMBestFit:
+	case backendVMM, backendVMMGoodFit:
 		be = pool.BackendVMM
 	case backendChunks:
 		be = pool.BackendChunks
@@ -99,9 +100,7 @@ func newAllocator(d device.Device, name string, o allocOptions) (allocator, erro
 		return nil, fmt.Errorf("unknown backend %q", name)
 	}
 	po := pool.Options{Backend: be, MaxBytes: o.capBytes, MaxFraction: o.maxFraction, History: o.history}
-	if name == backendVMMBestFit {
-		po.BestFit, po.Cache.MaxSize = true, 4<<10
-	}
+	po.GoodFit = name == backendVMMGoodFit
 	p, err := pool.New(d, po)
 	if err != nil {
 		return nil, err

@@ -57,8 +57,9 @@
 //	              cuMemFreeAsync; device.AsyncAllocator), with its release
 //	              threshold at the maximum so that it keeps freed memory
 //	              like a caching allocator, and trimmed when done
-//	tlsf-vmm-bestfit  tlsf-vmm with pool.Options.BestFit and per-P caches
-//	              for blocks of 4 KiB and less (the memory-tight placement)
+//	tlsf-vmm-goodfit  tlsf-vmm with pool.Options.GoodFit (TLSF's O(1) good
+//	              fit, per-P caches for blocks of 1 MiB and less: the
+//	              default before best fit)
 //
 // With --cap, the pools are made with pool.Options.MaxBytes; the driver's
 // pool has no cap of its own, so the async backend occupies the rest of
@@ -111,7 +112,7 @@
 //	trace                string   trace name ("resnet50")
 //	source               string   file, or data/NAME.trace.gz for an embedded trace
 //	format               string   "text", "pytorch-snapshot" or "rmm-csv"
-//	backend              string   tlsf-vmm, tlsf-chunks, passthrough, async or tlsf-vmm-bestfit
+//	backend              string   tlsf-vmm, tlsf-chunks, passthrough, async or tlsf-vmm-goodfit
 //	device               string   device name ("NVIDIA H200", "Simulated H200")
 //	device_kind          string   "cuda" or "sim"
 //	ops                  int      operations of the timed replay (failed allocations and their frees excluded)

@@ -241,7 +241,7 @@ func TestDefaultReplaysEveryTraceWithMinCapAndVerdicts(t *testing.T) {
 			assert.Regexp(t, name+`\s+`+be+`\s+this run \(sim\)\s+`+fmt.Sprint(len(tr.Ops))+`\s+\d+\s+\d+\s+\d+\s+\d+\s+\d+\s+[\d.]+ GiB\s+[\d.]+\s+1\.\d{3}\s`, out)
 		}
 		assert.Regexp(t, name+`\s+peer torch\s+H200, baseline.json\s`, out)
-		assert.Regexp(t, `(?m)^verdict `+name+`: tlsf-(vmm|chunks|vmm-bestfit) min cap 1\.\d{3}× live vs 1\.\d{3}× for the best peer \(\S+, H200, baseline.json\): (lower|higher|equal)$`, out)
+		assert.Regexp(t, `(?m)^verdict `+name+`: tlsf-(vmm|chunks|vmm-goodfit) min cap 1\.\d{3}× live vs 1\.\d{3}× for the best peer \(\S+, H200, baseline.json\): (lower|higher|equal)$`, out)
 	}
 	assert.Equal(t, len(trace.Names()), strings.Count(out, "verdict "))
 	assert.Contains(t, out, "our ns/op is host time only, not comparable with the peers' GPU")

@@ -130,7 +130,7 @@ func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.B
 		}
 		var best *replayResult
 		for _, r := range rs {
-			if r.Backend != backendVMM && r.Backend != backendChunks && r.Backend != backendVMMBestFit {
+			if r.Backend != backendVMM && r.Backend != backendChunks && r.Backend != backendVMMGoodFit {
 				continue
 			}
 			if best == nil || ours(r) < ours(best) {
