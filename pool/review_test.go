@@ -133,22 +133,98 @@ func TestAdjacentMappingsUnmapInOneCall(t *testing.T) {
 // does (AllocFit, the request rounded to 256 bytes), not by good fit:
 // good fit asks for up to a size class more and, near a cap, fails
 // requests that fit (tlsf-stress multi failed hundreds within 90% of the
-// share).
+// share). Here the only free block that holds the request lies in its
+// own list and is mostly released; at the cap, above 90% of it and under
+// pressure (no pages may move), the spares hold what that block lacks but
+// not what a block at the top of the heap would.
 func TestBestFitOutOfMemoryPathPlacesByBestFit(t *testing.T) {
 	d := onSim(sim.New(sim.Config{Capacity: giB}))
-	p := openPool(t, d, Options{Backend: BackendVMM, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-	const size = 5_000_000
-	big, err := p.Alloc(64 * miB)
+	// Capped: one-page handles, which a release can take one by one.
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 512 * miB, GrowFraction: 1e-9, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	const (
+		size = 9*miB + 100*kiB // good fit rounds it to 9 MiB + 128 KiB
+		x    = 9*miB + 120*kiB // a free block of its own list that holds it
+	)
+	// Pages: L1 0; X 1-5; L2 5-6 (ends at 14 MiB); G 7-10; L3 11.
+	var ptrs []uintptr
+	for _, n := range []uint64{2 * miB, x, 3*miB - 120*kiB, 8 * miB, 2 * miB} {
+		ptr, err := p.Alloc(n)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	require.NoError(t, p.Free(ptrs[1]))
+	_, err := p.Trim() // X's pages 1-4 are released
 	require.NoError(t, err)
-	require.NoError(t, p.Free(big))
+	require.NoError(t, p.Free(ptrs[3])) // G: 8 MiB free, mapped, smaller than the request
+	h := p.heap.(*vmmHeap)
+	p.mu.Lock()
+	p.opts.MaxBytes = p.reserved()   // at the cap: 16 MiB
+	moved, err := h.recycle(8 * miB) // G's pages become spares
+	p.pressure = p.c.allocs + 1      // as if an allocation had just failed
+	p.mu.Unlock()
+	require.NoError(t, err)
+	require.Equal(t, 8*miB, moved)
+	require.Equal(t, 16*miB, p.Stats().Reserved)
+
+	// The out-of-memory path's search takes X (good fit would take the
+	// top of the heap, which lacks 10 MiB where X lacks 8), and leaves
+	// the index as it was when it gives the block back.
 	p.mu.Lock()
 	b, err := p.searchRecycling(size, 0)
+	if err == nil {
+		_, err = p.x.Free(b.Addr)
+	}
 	p.mu.Unlock()
 	require.NoError(t, err)
+	require.Equal(t, uint64(ptrs[1]), b.Addr)
 	require.Equal(t, roundUp(size, indexGranularity), b.Size)
+	checkStep(t, p, d)
+
+	ptr, err := p.Alloc(size)
+	require.NoError(t, err, "X again, backed by the spares")
+	require.Equal(t, ptrs[1], ptr)
+	require.Equal(t, roundUp(size, indexGranularity), blockSizeOf(p, size))
+	require.Equal(t, 16*miB, p.Stats().Reserved)
+	checkStep(t, p, d)
+	for _, q := range []uintptr{ptr, ptrs[0], ptrs[2], ptrs[4]} {
+		require.NoError(t, p.Free(q))
+	}
+}
+
+// Within a free block, release takes the topmost mappings first, across
+// runs that a hole separates too: the bottom of a free block is what the
+// next split allocates.
+func TestReleaseTakesAFreeBlocksTopRunFirst(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-9, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	var ptrs []uintptr
+	for range 5 { // pages 0 to 4, one handle each
+		ptr, err := p.Alloc(2 * miB)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	h := p.heap.(*vmmHeap)
+	require.Equal(t, uint64(5), h.nMapped)
+	require.NoError(t, p.Free(ptrs[1]))
+	_, err := p.Trim() // a hole at page 1
+	require.NoError(t, err)
+	for _, i := range []int{0, 2, 3} { // free block [0, 4): runs [0, 1) and [2, 4)
+		require.NoError(t, p.Free(ptrs[i]))
+	}
+	require.Equal(t, []bool{true, false, true, true, true}, h.mapped[:5])
 	p.mu.Lock()
-	_, err = p.x.Free(b.Addr)
+	n, err := h.release(2*miB, false)
 	p.mu.Unlock()
 	require.NoError(t, err)
+	require.Equal(t, 2*miB, n)
+	require.Equal(t, []bool{true, false, true, false, true}, h.mapped[:5], "the top page of the upper run went first")
+	p.mu.Lock()
+	n, err = h.release(4*miB, false)
+	p.mu.Unlock()
+	require.NoError(t, err)
+	require.Equal(t, 4*miB, n)
+	require.Equal(t, []bool{false, false, false, false, true}, h.mapped[:5])
 	checkStep(t, p, d)
+	require.NoError(t, p.Free(ptrs[4]))
 }

@@ -122,7 +122,8 @@ func (p *Pool) driverWork() uint64 {
 // memory is below FreeFloorFraction × total, return unused memory up to
 // the shortfall, scavengeStep bytes at a time, the per-P caches' blocks
 // too if the heap alone has not enough, until about scavengeCalls driver
-// calls are made. It returns the bytes returned. Pool lock held.
+// calls' work is done (driverWork). It returns the bytes returned. Pool
+// lock held.
 func (p *Pool) scavengeLocked() (uint64, error) {
 	free, total, err := p.dev.MemGetInfo()
 	if err != nil {

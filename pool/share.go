@@ -221,7 +221,8 @@ func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
 // Moving pages near the cap. The out-of-memory path serves a request that
 // fits under the cap but not in any mapped free block by moving 2 MiB
 // pages from under other free blocks (searchRecycling, releaseFor): a
-// cuMemUnmap, a cuMemMap and a cuMemSetAccess a page. Below
+// cuMemMap a handle, a cuMemUnmap per run of adjacent mappings and a
+// cuMemSetAccess per block, the driver's time per mapping. Below
 // recycleLiveFraction of the cap (memory in use, the request included)
 // it always does. Above it the free memory left is at most a tenth of the
 // cap, scattered between live blocks, and whether gathering it pays
@@ -302,9 +303,11 @@ const placeCandidates = 32
 
 // placeMapped looks for a free block that lies on fewer released pages
 // than b (need bytes of them): it takes up to placeCandidates blocks from
-// the index in good-fit order, keeps the one lacking the fewest pages and
-// frees the others (they merge back as they were). TLSF's good fit knows
-// nothing of pages; under the cap, every page it lacks is a page moved.
+// the index in the order alloc gives them (the pool's placement: best fit
+// in the request's own list, then good fit), keeps the one lacking the
+// fewest pages and frees the others (they merge back as they were). The
+// index knows nothing of pages; under the cap, every page a block lacks
+// is a page moved.
 func (p *Pool) placeMapped(h *vmmHeap, b tlsf.Block, need uint64, alloc func() (tlsf.Block, error)) (tlsf.Block, uint64) {
 	cands := []tlsf.Block{b}
 	for len(cands) < placeCandidates && need > 0 {

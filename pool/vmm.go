@@ -67,7 +67,7 @@ type vmmHeap struct {
 	// (Pool.noteMoved, Pool.noteDropped).
 	dropped uint64
 	// unmapWork counts the mappings cuMemUnmap calls removed beyond one
-	// per call: the driver's cost is per mapping (vmm.go), so a call over
+	// per call: the driver's cost is per mapping ("Handle size" above), so a call over
 	// m mappings is m calls' work (Pool.driverWork).
 	unmapWork uint64
 	nMapped   uint64 // pages mapped
@@ -646,7 +646,9 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 // the largest free blocks first (they are the least likely to be cut up
 // and reused soon) and within a block from its top down, until limit
 // bytes are released (one cuMemUnmap per run of adjacent mappings it
-// takes under one free block: freeMappings); without keep it first
+// takes under one free block: freeMappings; a failed cuMemUnmap leaves
+// that whole run mapped, and a handle whose cuMemRelease fails becomes
+// an orphan while release goes on with the next run); without keep it first
 // releases the spares. With keep, it keeps their handles as spares for
 // the next mapping instead, as unmap says, and reports the bytes so
 // moved.

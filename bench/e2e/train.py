@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end training on three CUDA allocators: PyTorch's native caching
 allocator, the same with expandable_segments:True, and the tlsf pool
-(libtlsf.so through python/tlsf_torch.py).
+(libtlsf.so through python/tlsf_torch.py; --allocators tlsf-goodfit adds
+the pool with good_fit:true, TLSF's O(1) good fit).
 
 Two models, random weights, no network:
   - resnet50: torchvision ResNet-50, batch varying 16-128 at 224x224;

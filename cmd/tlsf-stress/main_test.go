@@ -180,6 +180,18 @@ func TestReplayJSONSchema(t *testing.T) {
 	}
 }
 
+// The driver's pool replays after every other backend, but results keep
+// the order of traces, then of --backend.
+func TestReplayKeepsTheOrderOfTracesAndBackends(t *testing.T) {
+	out, errs, status := cli(t, "replay", "--device", "sim", "--json", "--backend", "async,tlsf-vmm", "lstm", "tdnn")
+	require.Equal(t, exitOK, status, errs)
+	var got []string
+	for _, r := range decodeReplay(t, out) {
+		got = append(got, r.Trace+"/"+r.Backend)
+	}
+	require.Equal(t, []string{"lstm/async", "lstm/tlsf-vmm", "tdnn/async", "tdnn/tlsf-vmm"}, got)
+}
+
 // decodeReplay decodes --json output into results.
 func decodeReplay(t *testing.T, out string) []*replayResult {
 	t.Helper()

@@ -198,18 +198,41 @@ func runReplay(cmd *cobra.Command, g *globalFlags, o *replayOpts, args []string)
 	// took about 360 ms more although its close trims and synchronizes.
 	// Results keep the order of traces, then of --backend.
 	grid := make([][]*replayResult, len(traces))
+	for ti := range grid {
+		grid[ti] = make([]*replayResult, len(o.backends))
+	}
+	// emit prints the results gathered, in order: all of them, or those
+	// before an error.
+	emit := func() ([]*replayResult, error) {
+		var results []*replayResult
+		for _, row := range grid {
+			for _, r := range row {
+				if r != nil {
+					results = append(results, r)
+				}
+			}
+		}
+		if !o.json {
+			printReplayTable(out, ds, results)
+			return results, nil
+		}
+		for _, r := range results {
+			if err := json.NewEncoder(out).Encode(r); err != nil {
+				return nil, err
+			}
+		}
+		return results, nil
+	}
 	failed := false
 	for _, asyncPass := range []bool{false, true} {
 		for ti, t := range traces {
-			if grid[ti] == nil {
-				grid[ti] = make([]*replayResult, len(o.backends))
-			}
 			for bi, be := range o.backends {
 				if (be == backendAsync) != asyncPass {
 					continue
 				}
 				r, err := replayTraceBackend(ds, t, be, o)
 				if err != nil {
+					_, _ = emit()
 					return fmt.Errorf("replaying %s with %s: %w", t.Name, be, err)
 				}
 				grid[ti][bi] = r
@@ -219,19 +242,9 @@ func runReplay(cmd *cobra.Command, g *globalFlags, o *replayOpts, args []string)
 			}
 		}
 	}
-	var results []*replayResult
-	for _, row := range grid {
-		results = append(results, row...)
-	}
-	if o.json {
-		for _, r := range results {
-			if err := json.NewEncoder(out).Encode(r); err != nil {
-				return err
-			}
-		}
-	}
-	if !o.json {
-		printReplayTable(out, ds, results)
+	results, err := emit()
+	if err != nil {
+		return err
 	}
 	if o.plot != "" {
 		if err := plotReplays(o.plot, traces, results, func(s string) { fmt.Fprintln(errw, "tlsf-stress:", s) }); err != nil {
