@@ -167,8 +167,9 @@ func (h *vmmHeap) largestAllocatable(k uint64) uint64 {
 }
 
 // Size returns the usable size in bytes of the live allocation at ptr:
-// its block's size-class size (at least what was requested; pitch ×
-// height for AllocPitch), or, in a passthrough pool, what the driver
+// its block's size (at least what was requested, as Stats count it:
+// Pool.blockSize; pitch × height for AllocPitch), or, in a passthrough
+// pool, what the driver
 // allocated; in guard mode (Options.Guard), the size requested, since the
 // red zone follows it. Safe for concurrent use; it takes the pool's lock.
 //

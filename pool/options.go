@@ -89,7 +89,7 @@ type Options struct {
 	MaxBytes uint64
 	// ReleaseFraction, when above 0, keeps reserved memory within
 	// (1 + ReleaseFraction) × the peak of the memory in use (live blocks
-	// at their size-class size, blocks pending on streams, blocks in
+	// at their block size, blocks pending on streams, blocks in
 	// caches): when mapping more would cross that line, a VMM pool first
 	// unmaps pages lying wholly under its largest free blocks and maps
 	// their physical memory where it is needed (a chunk pool frees wholly

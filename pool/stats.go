@@ -14,14 +14,15 @@ type Stats struct {
 	Backend Backend
 
 	// Allocated is the bytes of live allocations, each counted at its
-	// size-class size (tlsf rounding of the request; pitch × height for
-	// pitch allocations) in every backend, passthrough included, so the
-	// figures compare across backends.
+	// block size (the request rounded up to 256 bytes, or to its size
+	// class where the caches serve it and with Options.GoodFit; pitch ×
+	// height at its size class for pitch allocations) in every backend,
+	// passthrough included, so the figures compare across backends.
 	Allocated, AllocatedPeak uint64
 	// Allocations is the number of live allocations.
 	Allocations, AllocationsPeak int64
 	// Active is the bytes of blocks that cannot serve a new request:
-	// live blocks at their size-class size, and blocks freed on a stream
+	// live blocks at their block size, and blocks freed on a stream
 	// awaiting its event. In passthrough mode, Allocated.
 	//
 	// With caches on, the peaks of Allocated, Allocations and Active count
@@ -43,8 +44,9 @@ type Stats struct {
 	// IndexFree is the free bytes in the index; for a VMM pool it
 	// includes address space whose pages were released. LargestFree is
 	// the largest request in bytes that Alloc serves from the index's free
-	// space without growing (tlsf.Index.LargestAlloc: the largest free
-	// block rounded down to a size-class boundary, since good fit rounds
+	// space without growing (tlsf.Index.LargestFit: the largest free
+	// block; with Options.GoodFit, tlsf.Index.LargestAlloc: that block
+	// rounded down to a size-class boundary, since good fit rounds
 	// requests up to one; an Alloc of it may still fail if released pages
 	// under it cannot be mapped again within the cap), and Fragmentation
 	// is 1 − LargestFree / IndexFree (0 when nothing is free).
@@ -57,7 +59,7 @@ type Stats struct {
 	// included).
 	Allocs, Frees uint64
 	// AllocsBySize counts the successful allocations since New by the
-	// size of their block (the size-class size, as Allocated counts it):
+	// size of their block (as Allocated counts it):
 	// AllocsBySize[k] counts blocks of more than 2^(k-1) and at most 2^k
 	// bytes (SizeBucket gives k), so [8] holds 256-byte blocks, [20] those
 	// up to 1 MiB. The counts sum to Allocs.
@@ -123,7 +125,7 @@ func (p *Pool) statsLocked() Stats {
 	s.AllocsBySize = c.bySize
 	if p.pt == nil {
 		st := p.x.Stats()
-		s.IndexFree, s.LargestFree, s.FreeBlocks = st.Free, p.x.LargestAlloc(), st.FreeBlocks
+		s.IndexFree, s.LargestFree, s.FreeBlocks = st.Free, p.largestFree(), st.FreeBlocks
 		if st.Free > 0 {
 			s.Fragmentation = 1 - float64(s.LargestFree)/float64(st.Free)
 		}
@@ -256,4 +258,15 @@ func (p *Pool) ResetPeaks() {
 		d.userPeak = d.user
 		d.mu.Unlock()
 	}
+}
+
+// largestFree is the largest request the index serves now without growing
+// (Stats.LargestFree): under best fit the largest free block, with
+// GoodFit that block rounded down to a size-class boundary. Pool lock
+// held.
+func (p *Pool) largestFree() uint64 {
+	if p.opts.GoodFit {
+		return p.x.LargestAlloc()
+	}
+	return p.x.LargestFit()
 }

@@ -43,7 +43,7 @@ func New(p *pool.Pool, labels prometheus.Labels) *Collector {
 		c.gauges = append(c.gauges, gauge{desc(name, help), get})
 	}
 	u := func(v uint64) float64 { return float64(v) }
-	g("allocated_bytes", "Bytes of live allocations, at their size-class size.", func(s *pool.Stats) float64 { return u(s.Allocated) })
+	g("allocated_bytes", "Bytes of live allocations, at their block size.", func(s *pool.Stats) float64 { return u(s.Allocated) })
 	g("allocated_peak_bytes", "Peak of allocated_bytes.", func(s *pool.Stats) float64 { return u(s.AllocatedPeak) })
 	g("allocations", "Live allocations.", func(s *pool.Stats) float64 { return float64(s.Allocations) })
 	g("allocations_peak", "Peak of allocations.", func(s *pool.Stats) float64 { return float64(s.AllocationsPeak) })

@@ -30,7 +30,7 @@ func TestCollectorReportsThePoolsStatistics(t *testing.T) {
 	require.NoError(t, reg.Register(c))
 
 	want := `
-# HELP tlsf_pool_allocated_bytes Bytes of live allocations, at their size-class size.
+# HELP tlsf_pool_allocated_bytes Bytes of live allocations, at their block size.
 # TYPE tlsf_pool_allocated_bytes gauge
 tlsf_pool_allocated_bytes{backend="chunks",gpu="0"} 3.145728e+06
 # HELP tlsf_pool_allocations Live allocations.
