@@ -154,11 +154,14 @@ type Options struct {
 	// before): 1.142, 1.023, 1.182, and PyTorch's expandable segments'
 	// 1.120, 1.020, 1.204; smallest feasible caps 1.003, 1.003, 1.003
 	// against 1.009, 1.003, 1.004. On the H200, real training through
-	// PyTorch (bench/e2e) peaked at 10.73 and 24.38 GiB reserved for
-	// ResNet-50 and GPT-2 against 10.80 and 24.54 (expandable segments
-	// 10.70 and 24.42), at the same step time. The cost is the replays'
-	// CPU time: 41, 48 and 40 ns per operation warm against 32, 42 and 37
-	// on a 2-core VM (BenchmarkPoolReplay's vmm and vmm-goodfit-c1m).
+	// PyTorch (bench/e2e, two runs) peaked at 10.73–10.74 and 24.38 GiB
+	// reserved for ResNet-50 and GPT-2 against 10.80 and 24.54–24.61
+	// (expandable segments 10.70 and 24.42), at the same step time; tlsf-stress multi on the
+	// H200 made 1.56, 1.40 and 1.88 driver calls per operation at K = 2,
+	// 3, 4 against 1.90, 1.71 and 2.38. The cost is the replays' CPU
+	// time: 44, 51 and 42 ns per operation warm against 35, 46 and 39 on
+	// a 2-core VM (BenchmarkPoolReplay's vmm and vmm-goodfit-c1m, medians
+	// of ten).
 	GoodFit bool
 
 	// Cache configures the per-P small-block caches (see Cache).
@@ -228,7 +231,7 @@ type CacheOptions struct {
 	// fit with caches of up to 8 KiB gives 1.033 × peak live reserved,
 	// with caches of 16 KiB to 1 MiB 1.120 (the default's figures are in
 	// Options.GoodFit). Larger caches save the pool's lock for more
-	// requests (a 2-core VM: 41 against 32 ns per operation on lstm).
+	// requests (a 2-core VM: 44 against 35 ns per operation on lstm).
 	MaxSize uint64
 	// MaxFraction bounds the bytes all caches hold together to
 	// MaxFraction × reserved (default 1/16).
