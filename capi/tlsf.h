@@ -65,7 +65,7 @@ extern "C" {
  */
 typedef struct tlsf_stats {
   size_t   size;            /* in: sizeof(tlsf_stats) as the caller knows it; out: bytes filled */
-  uint64_t allocated;       /* bytes in live blocks, each at its size-class size */
+  uint64_t allocated;       /* bytes in live blocks, each at its block size (256-byte rounding; size class if cached or good_fit) */
   uint64_t reserved;        /* bytes held from the driver (mapped pages or chunks) */
   uint64_t active;          /* bytes that cannot serve a new request: allocated, blocks
                                awaiting a stream's work, and cached */

@@ -366,10 +366,11 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 	p.full.reqs++
 	pid := procPin()
 	procUnpin()
-	if pid >= len(c.ps) { // GOMAXPROCS grew after New: no cache for this P
-		return p.allocLocked(size, 0, 0)
-	}
 	class, r := c.classes.SizeClass(size)
+	if pid >= len(c.ps) { // GOMAXPROCS grew after New: no cache for this P
+		// The class size r, as a cached block: Pool.blockSize counts it so.
+		return p.allocLocked(r, 0, 0)
+	}
 	c.refills++
 	if c.refills%idleScanEvery == 0 {
 		c.drainIdle(pid)

@@ -38,9 +38,10 @@ type debugLayer struct {
 	mu   sync.Mutex
 	live map[uintptr]debugBlock // by pointer: blocks handed out through the layer
 	// extra is the bytes the pool's counters hold for red zones of live
-	// blocks: size class of size+guard minus size class of size, summed.
+	// blocks: the block size of size+guard minus that of size (at most
+	// the former: Pool.blockSize), summed.
 	extra uint64
-	// user is the bytes of live blocks at the size class of their request
+	// user is the bytes of live blocks at the block size of their request
 	// (pitch × height for pitch allocations); userPeak its peak.
 	user, userPeak uint64
 }
@@ -129,7 +130,11 @@ func (d *debugLayer) alloc(size uint64, s device.Stream) (uintptr, error) {
 	b := debugBlock{size: size, stream: s}
 	b.user = p.blockSize(size, s)
 	if d.guard > 0 {
-		b.extra = p.blockSize(size+d.guard, s) - b.user
+		// size may be cached (its size class) where size+guard is not
+		// (256-byte rounding, possibly smaller): the block is the latter.
+		total := p.blockSize(size+d.guard, s)
+		b.user = min(b.user, total)
+		b.extra = total - b.user
 	}
 	d.add(ptr, b)
 	return ptr, nil

@@ -88,7 +88,11 @@ func (t *passthrough) allocPitch(p *Pool, width, height uint64) (uintptr, uint64
 		}
 		return 0, 0, err
 	}
-	_, r := p.x.SizeClass(size) // aligned requests keep good fit
+	// Counted at its size class, as a pooled backend aligns it on a GPU's
+	// 512-byte pitch unit (AllocAligned). (On a device whose unit is 256
+	// bytes or less, a pooled pitch allocation is a best-fit block,
+	// counted at 256-byte rounding.)
+	_, r := p.x.SizeClass(size)
 	t.noteAlloc(p, ptr, size, r)
 	return ptr, pitch, nil
 }

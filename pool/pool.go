@@ -217,8 +217,10 @@ func (p *Pool) Alloc(size uint64) (uintptr, error) { return p.AllocOn(size, 0) }
 // AllocOn allocates size bytes for use on stream s and returns the device
 // pointer, aligned to 256 bytes. A block freed on s may be reused at once;
 // a block freed on another stream only after the free's event completed.
-// In O(1) except when the pool must grow (driver calls) or its index has
-// nothing free (the out-of-memory path).
+// In O(1) from the caches, else in O(tlsf.FitScan) (best fit in the
+// request's own list; O(1) with Options.GoodFit), except when the pool
+// must grow (driver calls) or its index has nothing free (the
+// out-of-memory path).
 //
 // Errors: ErrInvalidSize (size 0), ErrTooLarge (above tlsf.MaxSize or a
 // VMM pool's virtual range), ErrOutOfMemory, ErrClosed; device errors
@@ -336,13 +338,26 @@ func (p *Pool) notePeaks() {
 	c.allocationsPeak = max(c.allocationsPeak, c.allocations+sysBlocks)
 }
 
+// fitSize is the size in bytes of the block the index gives a request of
+// size bytes aligned to align: the request rounded up to 256 bytes under
+// best fit (tlsf.Index.AllocFit), else, with GoodFit or an alignment above
+// 256 bytes (tlsf.Index.AllocAligned), its size class. Errors: the
+// index's for sizes it refuses (tlsf.Index.RoundUp).
+func (p *Pool) fitSize(size, align uint64) (uint64, error) {
+	r, err := p.x.RoundUp(size)
+	if err == nil && !p.opts.GoodFit && align <= indexGranularity {
+		r = roundUp(size, indexGranularity)
+	}
+	return r, err
+}
+
 // allocBlock finds a block for size bytes on stream s: a block pending on
-// s of the same size class, the index, or the slow path.
+// s of the same block size, the index, or the slow path.
 func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool, error) {
 	// A VMM pool can never hold more than its virtual range: refuse at
 	// once, before the slow path flushes, polls or releases anything.
 	if h, ok := p.heap.(*vmmHeap); ok {
-		if r, _ := p.x.RoundUp(size); r > h.vsize {
+		if r, _ := p.fitSize(size, align); r > h.vsize {
 			return tlsf.Block{}, false, fmt.Errorf("%w: %d bytes exceed the virtual range of %d bytes", ErrTooLarge, r, h.vsize)
 		}
 	}
@@ -351,10 +366,7 @@ func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool
 		return tlsf.Block{}, false, fmt.Errorf("pool: registering stream %#x: %w", uintptr(s), err)
 	}
 	if p.ss.multi && align <= indexGranularity {
-		r, _ := p.x.RoundUp(size)
-		if !p.opts.GoodFit {
-			r = roundUp(size, indexGranularity) // AllocFit's block size
-		}
+		r, _ := p.fitSize(size, align)
 		if addr, ok := p.ss.reuse(st, r); ok {
 			b, _ := p.x.Lookup(addr)
 			return b, true, nil
@@ -490,19 +502,15 @@ func (p *Pool) outOfMemory(size, align uint64, err error) (tlsf.Block, error) {
 }
 
 // hopeless returns ErrOutOfMemory for a request that no release could
-// make room for: its block (size rounded up to its class, plus alignment
-// padding) is larger than the device's total memory, than MaxBytes, or
+// make room for: its block (fitSize, plus alignment padding) is larger than the device's total memory, than MaxBytes, or
 // than MaxFraction of the device's total (the most that cap can ever
 // allow). Such a request fails at once: flushing caches and returning
 // memory first would cost the pool its warm memory for nothing. No driver
 // call.
 func (p *Pool) hopeless(size, align uint64) error {
-	r, err := p.x.RoundUp(size)
+	r, err := p.fitSize(size, align)
 	if err != nil {
 		return nil // allocOdd reports sizes the index refuses
-	}
-	if !p.opts.GoodFit {
-		r = roundUp(size, indexGranularity) // AllocFit's block size
 	}
 	if align > indexGranularity {
 		r += align - indexGranularity
@@ -541,7 +549,7 @@ func isOOM(err error) bool { return errors.Is(err, device.ErrOutOfMemory) }
 // growAndSearch grows the heap by max(need, GrowFraction × free) within
 // the cap and allocates from the index.
 func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
-	r, err := p.x.RoundUp(size)
+	r, err := p.fitSize(size, align)
 	if err != nil {
 		return tlsf.Block{}, err
 	}

@@ -3,6 +3,8 @@ package pool
 // Regressions found by review after the merge of the issue branches.
 
 import (
+	"runtime"
+	"sync"
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
@@ -227,4 +229,74 @@ func TestReleaseTakesAFreeBlocksTopRunFirst(t *testing.T) {
 	require.Equal(t, []bool{false, false, false, false, true}, h.mapped[:5])
 	checkStep(t, p, d)
 	require.NoError(t, p.Free(ptrs[4]))
+}
+
+// Under best fit a growth makes room for the request rounded to 256
+// bytes, not for its size class: a request just under the cap is served.
+func TestBestFitGrowsForTheBlockItAllocates(t *testing.T) {
+	for _, be := range pooledBackends {
+		t.Run(be.String(), func(t *testing.T) {
+			d := onSim(sim.New(sim.Config{Capacity: giB}))
+			p := openPool(t, d, Options{Backend: be, MaxBytes: 290 * miB, NoScavenger: true})
+			ptr, err := p.Alloc(289 * miB) // its size class, 292 MiB, is above the cap
+			require.NoError(t, err)
+			require.Equal(t, 289*miB, p.Stats().Allocated)
+			checkStep(t, p, d)
+			require.NoError(t, p.Free(ptr))
+		})
+	}
+}
+
+// In guard mode a request the caches serve whose request plus red zone
+// they do not serve is counted at the larger block's size, with no
+// wrap-around.
+func TestGuardAcrossTheCachesLimit(t *testing.T) {
+	d := onSim(sim.New(sim.Config{Capacity: giB, Shadow: true}))
+	p := openPool(t, d, Options{Guard: 1, Cache: CacheOptions{MaxSize: 40000}})
+	ptr, err := p.Alloc(40000) // cached: its class is 40960; with the red zone, 40192
+	require.NoError(t, err)
+	s := p.Stats()
+	require.Equal(t, uint64(40192), s.Allocated)
+	require.Equal(t, uint64(40192), s.Active)
+	checkStep(t, p, d)
+	require.NoError(t, p.Free(ptr))
+	require.Zero(t, p.Stats().Allocated)
+}
+
+// A refill on a P that has no cache (GOMAXPROCS raised after New) gives
+// a block of the size class, as a cached one is counted.
+func TestRefillOnAPWithoutACacheGivesTheClassSize(t *testing.T) {
+	d := onSim(sim.New(sim.Config{Capacity: giB}))
+	p := openPool(t, d, Options{SLLog2: 1, NoScavenger: true})
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4 * runtime.GOMAXPROCS(0)))
+	const n = 64
+	var wg sync.WaitGroup
+	ptrs := make([][]uintptr, 4*runtime.GOMAXPROCS(0))
+	for g := range ptrs {
+		wg.Go(func() {
+			for range n {
+				ptr, err := p.Alloc(2500) // class 3072 with two lists per power of two
+				if err == nil {
+					ptrs[g] = append(ptrs[g], ptr)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var count uint64
+	for _, ps := range ptrs {
+		for _, ptr := range ps {
+			size, err := p.Size(ptr)
+			require.NoError(t, err)
+			require.Equal(t, uint64(3072), size)
+			count++
+		}
+	}
+	require.Equal(t, count*3072, p.Stats().Allocated)
+	checkStep(t, p, d)
+	for _, ps := range ptrs {
+		for _, ptr := range ps {
+			require.NoError(t, p.Free(ptr))
+		}
+	}
 }

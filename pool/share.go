@@ -280,8 +280,9 @@ func (p *Pool) withinLive(size uint64) bool {
 	if !capped {
 		return true
 	}
-	// used counts blocks at their size class, up to 1/2^SLLog2 above the
-	// bytes asked for: the fraction is of those, as a caller counts them.
+	// With GoodFit, used counts blocks at their size class, up to
+	// 1/2^SLLog2 above the bytes asked for: the fraction is of those, as a
+	// caller counts them.
 	// (Against rounded bytes, 5–8% of tlsf-stress multi's out-of-memory
 	// errors on the simulated H200 came from requests that fitted within
 	// 90% of the share as the caller counts it; 0.1–0.3% so.)
