@@ -149,11 +149,11 @@ type Options struct {
 	//
 	// Why best fit, with caches for 4 KiB blocks and less, by default:
 	// measured on the simulated H200 (2026-12-01, peak reserved over peak
-	// live, cold · after two warm replays), lstm 1.033 · 1.063, resnet50
-	// 1.020, tdnn 1.193, against good fit with 1 MiB caches (the default
-	// before): 1.142, 1.023, 1.182, and PyTorch's expandable segments'
-	// 1.120, 1.020, 1.204; smallest feasible caps 1.003, 1.003, 1.003
-	// against 1.009, 1.003, 1.004. On the H200, real training through
+	// live, cold · after warm replays), lstm 1.032 · 1.062, resnet50
+	// 1.020–1.022, tdnn 1.193, against good fit with 1 MiB caches (the
+	// default before): 1.142, 1.023, 1.182, and PyTorch's expandable
+	// segments' 1.120, 1.020, 1.204; smallest feasible caps 1.002, 1.003,
+	// 1.003 against 1.009, 1.004, 1.004. On the H200, real training through
 	// PyTorch (bench/e2e, two runs) peaked at 10.73–10.74 and 24.38 GiB
 	// reserved for ResNet-50 and GPT-2 against 10.80 and 24.54–24.61
 	// (expandable segments 10.70 and 24.42), at the same step time; tlsf-stress multi on the
