@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/device/sim"
+	"github.com/gpumem/tlsf/internal/poolmodel"
 	"github.com/gpumem/tlsf/pool"
 	"github.com/gpumem/tlsf/tlsf"
 )
@@ -341,22 +342,9 @@ func (run *poolRun) alloc(size uint64, s device.Stream) {
 }
 
 // blockSize is the size Stats count a block of size bytes allocated on
-// stream s at: its size class where the caches serve it (the default
-// stream, the caches' largest size and less: 4 KiB by default, 1 MiB
-// with GoodFit) or with GoodFit, else size rounded up to 256 bytes.
+// stream s at (poolmodel.BlockSize).
 func (run *poolRun) blockSize(size uint64, s device.Stream) uint64 {
-	most := run.opts.Cache.MaxSize
-	if most == 0 {
-		most = 4 << 10
-		if run.opts.GoodFit {
-			most = 1 << 20
-		}
-	}
-	if run.opts.GoodFit || s == 0 && !run.opts.Cache.Disable && size <= most {
-		_, r := run.sizes.SizeClass(size)
-		return r
-	}
-	return (size + 255) &^ 255
+	return poolmodel.BlockSize(run.opts, func(n uint64) uint64 { _, r := run.sizes.SizeClass(n); return r }, size, s)
 }
 
 func (run *poolRun) allocPitch(w, h uint64) {

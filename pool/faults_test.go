@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/device/sim"
+	"github.com/gpumem/tlsf/internal/poolmodel"
 	"github.com/gpumem/tlsf/pool"
 	"github.com/gpumem/tlsf/tlsf"
 )
@@ -356,22 +357,9 @@ func (cp *campaign) alloc(size uint64, s device.Stream) {
 }
 
 // blockSize is the size Stats count a block of size bytes allocated on
-// stream s at: its size class where the caches serve it (the default
-// stream, the caches' largest size and less: 4 KiB by default, 1 MiB
-// with GoodFit) or with GoodFit, else size rounded up to 256 bytes.
+// stream s at (poolmodel.BlockSize).
 func (cp *campaign) blockSize(size uint64, s device.Stream) uint64 {
-	most := cp.opts.Cache.MaxSize
-	if most == 0 {
-		most = 4 << 10
-		if cp.opts.GoodFit {
-			most = 1 << 20
-		}
-	}
-	if cp.opts.GoodFit || s == 0 && !cp.opts.Cache.Disable && size <= most {
-		_, r := cp.sizes.SizeClass(size)
-		return r
-	}
-	return (size + 255) &^ 255
+	return poolmodel.BlockSize(cp.opts, func(n uint64) uint64 { _, r := cp.sizes.SizeClass(n); return r }, size, s)
 }
 
 func (cp *campaign) allocPitch(w, h uint64) {

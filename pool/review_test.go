@@ -93,15 +93,7 @@ func TestGuardIsNotTheCallers(t *testing.T) {
 // driver takes a range of whole mappings), the top ones first when less
 // is wanted; each handle still takes its own cuMemRelease.
 func TestAdjacentMappingsUnmapInOneCall(t *testing.T) {
-	sd := sim.New(sim.Config{Capacity: giB})
-	d := onSim(sd)
-	p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-9, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-	var ptrs []uintptr
-	for _, n := range []uint64{2, 4, 8, 16} { // one growth and one handle each
-		ptr, err := p.Alloc(n * miB)
-		require.NoError(t, err)
-		ptrs = append(ptrs, ptr)
-	}
+	p, d, ptrs := poolOfHandles(t, 2*miB, 4*miB, 8*miB, 16*miB)
 	h := p.heap.(*vmmHeap)
 	var starts []uint64
 	for pg := uint64(0); pg < h.nMapped; pg += h.mappingLen(pg) {
@@ -197,15 +189,7 @@ func TestBestFitOutOfMemoryPathPlacesByBestFit(t *testing.T) {
 // runs that a hole separates too: the bottom of a free block is what the
 // next split allocates.
 func TestReleaseTakesAFreeBlocksTopRunFirst(t *testing.T) {
-	sd := sim.New(sim.Config{Capacity: giB})
-	d := onSim(sd)
-	p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-9, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-	var ptrs []uintptr
-	for range 5 { // pages 0 to 4, one handle each
-		ptr, err := p.Alloc(2 * miB)
-		require.NoError(t, err)
-		ptrs = append(ptrs, ptr)
-	}
+	p, d, ptrs := poolOfHandles(t, 2*miB, 2*miB, 2*miB, 2*miB, 2*miB) // pages 0 to 4
 	h := p.heap.(*vmmHeap)
 	require.Equal(t, uint64(5), h.nMapped)
 	require.NoError(t, p.Free(ptrs[1]))
@@ -299,4 +283,21 @@ func TestRefillOnAPWithoutACacheGivesTheClassSize(t *testing.T) {
 			require.NoError(t, p.Free(ptr))
 		}
 	}
+}
+
+// poolOfHandles makes a VMM pool on a simulated GPU of 1 GiB, caches and
+// scavenger off, growing by no more than each request, and allocates
+// blocks of the sizes given, in order: one growth and one physical
+// allocation each, adjacent.
+func poolOfHandles(t *testing.T, sizes ...uint64) (*Pool, testDevice, []uintptr) {
+	t.Helper()
+	d := onSim(sim.New(sim.Config{Capacity: giB}))
+	p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-9, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	var ptrs []uintptr
+	for _, n := range sizes {
+		ptr, err := p.Alloc(n)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	return p, d, ptrs
 }
