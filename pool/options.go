@@ -144,16 +144,17 @@ type Options struct {
 	// request's own list that holds it is taken before the next list's,
 	// in O(tlsf.FitScan). Blocks the caches serve keep their size class
 	// (cached blocks of a class are alike), as do aligned requests
-	// (AllocPitch); Size and the statistics count every block at the size
-	// the pool gave it (Pool.blockSize), a passthrough pool's included.
+	// (AllocPitch); the statistics count every block at the size the pool
+	// gave it (Pool.blockSize), a passthrough pool's included, and Size
+	// gives that size (a passthrough pool's: what the driver allocated).
 	//
 	// Why best fit, with caches for 4 KiB blocks and less, by default:
 	// measured on the simulated H200 (2026-12-01, peak reserved over peak
 	// live, cold · after warm replays), lstm 1.032 · 1.062, resnet50
 	// 1.020–1.022, tdnn 1.193, against good fit with 1 MiB caches (the
 	// default before): 1.142, 1.023, 1.182, and PyTorch's expandable
-	// segments' 1.120, 1.020, 1.204; smallest feasible caps 1.002, 1.003,
-	// 1.003 against 1.009, 1.004, 1.004. On the H200, real training through
+	// segments' 1.120, 1.020, 1.204; smallest feasible caps 1.001, 1.003,
+	// 1.002–1.003 against 1.009, 1.003–1.004, 1.003–1.004. On the H200, real training through
 	// PyTorch (bench/e2e, two runs) peaked at 10.73–10.74 and 24.38 GiB
 	// reserved for ResNet-50 and GPT-2 against 10.80 and 24.54–24.61
 	// (expandable segments 10.70 and 24.42), at the same step time; tlsf-stress multi on the

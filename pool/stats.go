@@ -15,7 +15,7 @@ type Stats struct {
 
 	// Allocated is the bytes of live allocations, each counted at its
 	// block size (the request rounded up to 256 bytes, or to its size
-	// class where the caches serve it and with Options.GoodFit; pitch ×
+	// class where the caches serve it or under Options.GoodFit; pitch ×
 	// height at its size class for pitch allocations) in every backend,
 	// passthrough included, so the figures compare across backends.
 	Allocated, AllocatedPeak uint64

@@ -31,10 +31,10 @@ import "math/bits"
 // The pool places with AllocFit by default (pool.Options.GoodFit for
 // Alloc): with per-P caches for blocks of 4 KiB and less it reserves less
 // than Alloc with 1 MiB caches on lstm and resnet50, and within 1% on
-// tdnn (pool/options.go gives the figures); with 1 MiB caches its figures
-// sum to Alloc's (better on lstm, worse on tdnn). The index alone gains
-// 0.7% on lstm and nothing elsewhere (bench/, top/live: the
-// address-ordered best fit reference does no better).
+// tdnn (pool/options.go gives those figures, the default's); with 1 MiB
+// caches its figures sum to Alloc's (better on lstm, worse on tdnn). The
+// index alone gains 0.7% on lstm and nothing elsewhere (bench/,
+// top/live: the address-ordered best fit reference does no better).
 const FitScan = 64
 
 // AllocFit allocates a block of size bytes rounded up to the granularity:
