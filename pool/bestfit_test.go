@@ -30,12 +30,7 @@ func TestBestFitBlocksAreRoundedTo256Bytes(t *testing.T) {
 				var want uint64
 				for i := range 2000 {
 					if len(live) > 0 && r.IntN(2) == 0 {
-						for ptr, n := range live {
-							require.NoError(t, p.Free(ptr))
-							delete(live, ptr)
-							want -= n
-							break
-						}
+						want -= freeAny(t, p, live)
 					} else {
 						n := uint64(r.IntN(8<<20)) + 1
 						ptr, err := p.Alloc(n)

@@ -132,6 +132,17 @@ func sizeClass(n uint64) uint64 {
 	return r
 }
 
+// freeAny frees one block of live, a map of live pointers to the bytes
+// counted for them, drops it from live and returns its bytes.
+func freeAny(t require.TestingT, p *Pool, live map[uintptr]uint64) uint64 {
+	for ptr, n := range live {
+		require.NoError(t, p.Free(ptr))
+		delete(live, ptr)
+		return n
+	}
+	return 0
+}
+
 // blockSizeOf is the block size pool p gives an n-byte request on the
 // default stream: its size class where the caches serve it (caches on, n
 // at most Cache.MaxSize) or with GoodFit, else n rounded up to 256 bytes
