@@ -147,13 +147,14 @@ func (d *debugLayer) alloc(size uint64, s device.Stream) (uintptr, error) {
 // tlsf.Index.AllocFit). A passthrough pool counts its allocations at the
 // size a pooled one would give them.
 func (p *Pool) blockSize(size uint64, s device.Stream) uint64 {
-	if p.opts.GoodFit || s == 0 && !p.opts.Cache.Disable && size-1 < p.opts.Cache.MaxSize {
-		if _, r := p.x.SizeClass(size); r >= size {
-			return r
-		}
-		return size
+	if s == 0 && !p.opts.Cache.Disable && size-1 < p.opts.Cache.MaxSize {
+		_, r := p.x.SizeClass(size) // cached blocks of a class are alike
+		return r
 	}
-	return roundUp(size, indexGranularity)
+	if r, err := p.fitSize(size, 0); err == nil {
+		return r
+	}
+	return size
 }
 
 // notePitch records a pitch allocation of size bytes (pitch × height) at

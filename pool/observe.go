@@ -182,8 +182,8 @@ func (p *Pool) Size(ptr uintptr) (uint64, error) {
 		return 0, ErrClosed
 	}
 	if p.pt != nil {
-		if n, ok := p.pt.live[ptr]; ok {
-			return n, nil
+		if a, ok := p.pt.live[ptr]; ok {
+			return a.size, nil
 		}
 		if _, ok := p.pt.freed[ptr]; ok {
 			return 0, fmt.Errorf("%w: %#x", ErrDoubleFree, ptr)

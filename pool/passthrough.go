@@ -14,8 +14,7 @@ import (
 // statistics and error checks need: the live allocations and a bounded
 // memory of recent frees (to tell a double free from a foreign pointer).
 type passthrough struct {
-	live     map[uintptr]uint64 // pointer → driver bytes (pitch × height for pitch)
-	counted  map[uintptr]uint64 // pointer → the bytes statistics count it at (Pool.blockSize)
+	live     map[uintptr]ptAlloc
 	freed    map[uintptr]struct{}
 	reserved uint64
 	// stuck holds pitch allocations refused by the cap whose cuMemFree
@@ -29,7 +28,13 @@ type passthrough struct {
 const maxFreedMemory = 1 << 16
 
 func newPassthrough() *passthrough {
-	return &passthrough{live: map[uintptr]uint64{}, counted: map[uintptr]uint64{}, freed: map[uintptr]struct{}{}, stuck: map[uintptr]uint64{}}
+	return &passthrough{live: map[uintptr]ptAlloc{}, freed: map[uintptr]struct{}{}, stuck: map[uintptr]uint64{}}
+}
+
+// ptAlloc is a live allocation of a passthrough pool.
+type ptAlloc struct {
+	size    uint64 // driver bytes (pitch × height for pitch)
+	counted uint64 // the bytes statistics count it at (Pool.blockSize)
 }
 
 // admit checks the cap for bytes more of reserved memory.
@@ -108,8 +113,7 @@ func (t *passthrough) driverError(p *Pool, size uint64, err error) error {
 // noteAlloc records a live allocation of size driver bytes at ptr, which
 // statistics count at r bytes (the block a pooled backend would give it).
 func (t *passthrough) noteAlloc(p *Pool, ptr uintptr, size, r uint64) {
-	t.live[ptr] = size
-	t.counted[ptr] = r
+	t.live[ptr] = ptAlloc{size, r}
 	delete(t.freed, ptr)
 	t.reserved += size
 	c := &p.c
@@ -126,12 +130,12 @@ func (t *passthrough) noteAlloc(p *Pool, ptr uintptr, size, r uint64) {
 // driver's cuMemFree waits for the GPU too, but the pool does not lean on
 // that (the simulated device reports it as a violation).
 func (t *passthrough) free(p *Pool, ptr uintptr, s device.Stream) error {
-	size, ok := t.live[ptr]
+	live, ok := t.live[ptr]
 	if !ok {
 		// Inside a live allocation first: the driver may have reused a
 		// freed pointer's address for a larger allocation below it.
 		for a, n := range t.live {
-			if ptr > a && uint64(ptr-a) < n {
+			if ptr > a && uint64(ptr-a) < n.size {
 				return fmt.Errorf("%w: %#x is inside the allocation at %#x", ErrUnknownPointer, ptr, a)
 			}
 		}
@@ -146,18 +150,16 @@ func (t *passthrough) free(p *Pool, ptr uintptr, s device.Stream) error {
 	if err := p.dev.MemFree(ptr); err != nil {
 		return fmt.Errorf("pool: passthrough free of %#x: %w", ptr, err)
 	}
-	r := t.counted[ptr]
 	delete(t.live, ptr)
-	delete(t.counted, ptr)
 	if len(t.freed) >= maxFreedMemory {
 		clear(t.freed)
 	}
 	t.freed[ptr] = struct{}{}
-	t.reserved -= size
+	t.reserved -= live.size
 	c := &p.c
 	c.frees++
-	c.allocated -= r
-	c.active -= r
+	c.allocated -= live.counted
+	c.active -= live.counted
 	c.allocations--
 	_ = t.freeStuck(p) // counted as reserved until it succeeds
 	return nil
@@ -184,9 +186,8 @@ func (t *passthrough) close(p *Pool) error {
 		if err := p.dev.MemFree(ptr); err != nil {
 			errs = append(errs, err)
 		}
-		t.reserved -= t.live[ptr]
+		t.reserved -= t.live[ptr].size
 		delete(t.live, ptr)
-		delete(t.counted, ptr)
 	}
 	return errors.Join(errs...)
 }

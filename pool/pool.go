@@ -338,6 +338,22 @@ func (p *Pool) notePeaks() {
 	c.allocationsPeak = max(c.allocationsPeak, c.allocations+sysBlocks)
 }
 
+// place allocates a block for size bytes aligned to align from the index
+// by the pool's placement, with no device memory behind it yet: aligned
+// above 256 bytes, tlsf.Index.AllocAligned; else best fit in the
+// request's own list (AllocFit), or with GoodFit good fit (Alloc). Every
+// search goes through it, the out-of-memory path's included, so that its
+// blocks are those fitSize sizes.
+func (p *Pool) place(size, align uint64) (tlsf.Block, error) {
+	switch {
+	case align > indexGranularity:
+		return p.x.AllocAligned(size, align)
+	case p.opts.GoodFit:
+		return p.x.Alloc(size)
+	}
+	return p.x.AllocFit(size)
+}
+
 // fitSize is the size in bytes of the block the index gives a request of
 // size bytes aligned to align: the request rounded up to 256 bytes under
 // best fit (tlsf.Index.AllocFit), else, with GoodFit or an alignment above
@@ -387,15 +403,7 @@ var errNoRoom = errors.New("pool: cap reached")
 // search allocates from the index and backs the block with device memory
 // (VMM holes), within the cap. On error the index is unchanged.
 func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
-	var b tlsf.Block
-	var err error
-	if align > indexGranularity {
-		b, err = p.x.AllocAligned(size, align)
-	} else if !p.opts.GoodFit {
-		b, err = p.x.AllocFit(size)
-	} else {
-		b, err = p.x.Alloc(size)
-	}
+	b, err := p.place(size, align)
 	if err != nil {
 		return b, err
 	}
@@ -502,11 +510,11 @@ func (p *Pool) outOfMemory(size, align uint64, err error) (tlsf.Block, error) {
 }
 
 // hopeless returns ErrOutOfMemory for a request that no release could
-// make room for: its block (fitSize, plus alignment padding) is larger than the device's total memory, than MaxBytes, or
-// than MaxFraction of the device's total (the most that cap can ever
-// allow). Such a request fails at once: flushing caches and returning
-// memory first would cost the pool its warm memory for nothing. No driver
-// call.
+// make room for: its block (fitSize, plus alignment padding) is larger
+// than the device's total memory, than MaxBytes, or than MaxFraction of
+// the device's total (the most that cap can ever allow). Such a request
+// fails at once: flushing caches and returning memory first would cost
+// the pool its warm memory for nothing. No driver call.
 func (p *Pool) hopeless(size, align uint64) error {
 	r, err := p.fitSize(size, align)
 	if err != nil {

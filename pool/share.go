@@ -131,15 +131,7 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 	if !vmm {
 		return p.search(size, align)
 	}
-	alloc := func() (tlsf.Block, error) {
-		if align > indexGranularity {
-			return p.x.AllocAligned(size, align)
-		}
-		if !p.opts.GoodFit {
-			return p.x.AllocFit(size)
-		}
-		return p.x.Alloc(size)
-	}
+	alloc := func() (tlsf.Block, error) { return p.place(size, align) }
 	b, err := alloc()
 	if err != nil {
 		return b, err
@@ -182,9 +174,9 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 // mappings it takes under one free block; the handles become spares, as
 // vmmHeap.unmap says), taking whole mappings from the largest free
 // blocks first and, within a block, from its top down (a mapping moves
-// whole, so the bytes moved may pass limit by less than one mapping). Unlike release, it takes pages from
-// the free top of the heap too: the block they go to is placed already,
-// no growth follows. It returns the bytes moved. The caller has
+// whole, so the bytes moved may pass limit by less than one mapping).
+// Unlike release, it takes pages from the free top of the heap too: the
+// block they go to is placed already, no growth follows. It returns the bytes moved. The caller has
 // synchronized the streams that freed memory.
 //
 // Why the largest first: a page moved out of a large free block leaves a
@@ -202,20 +194,7 @@ func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
 	if err := h.unmapStrays(); err != nil {
 		return 0, err
 	}
-	var moved uint64
-	for _, r := range h.freeMappings(^uint64(0)) {
-		if moved >= limit {
-			break
-		}
-		first := h.cutFromTop(r, limit-moved)
-		n := r.first + r.n - first
-		if err := h.unmap(first, n, true); err != nil {
-			return moved, err
-		}
-		h.holes += n
-		moved += n * h.gran
-	}
-	return moved, nil
+	return h.unmapFree(h.freeMappings(^uint64(0)), 0, limit, true, false)
 }
 
 // Moving pages near the cap. The out-of-memory path serves a request that

@@ -126,7 +126,7 @@ func (p *Pool) Snapshot() (*Snapshot, error) {
 	}
 	if p.pt != nil {
 		for _, ptr := range slices.Sorted(maps.Keys(p.pt.live)) {
-			n := p.pt.live[ptr]
+			n := p.pt.live[ptr].size
 			s.Segments = append(s.Segments, Segment{Addr: uint64(ptr), Size: n,
 				Blocks: []SnapshotBlock{p.snapBlock(uint64(ptr), n, BlockLive)}})
 		}

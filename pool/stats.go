@@ -151,9 +151,9 @@ func (p *Pool) Check() error {
 	}
 	if p.pt != nil {
 		var sum, rounded uint64
-		for ptr, n := range p.pt.live {
-			sum += n
-			rounded += p.pt.counted[ptr]
+		for _, a := range p.pt.live {
+			sum += a.size
+			rounded += a.counted
 		}
 		for _, n := range p.pt.stuck {
 			sum += n

@@ -67,8 +67,8 @@ type vmmHeap struct {
 	// (Pool.noteMoved, Pool.noteDropped).
 	dropped uint64
 	// unmapWork counts the mappings cuMemUnmap calls removed beyond one
-	// per call: the driver's cost is per mapping ("Handle size" above), so a call over
-	// m mappings is m calls' work (Pool.driverWork).
+	// per call: the driver's cost is per mapping ("Handle size" above),
+	// so a call over m mappings is m calls' work (Pool.driverWork).
 	unmapWork uint64
 	nMapped   uint64 // pages mapped
 	holes     uint64 // unmapped pages below end
@@ -260,11 +260,8 @@ func (h *vmmHeap) grow(need, want uint64) error {
 // the heap's free top block, or at end), which are freed together, with
 // handles of up to sharedPages pages.
 func (h *vmmHeap) growthRange(first, need uint64) (lo, hi, large uint64) {
-	switch {
-	case !h.fine:
-		return 0, ^uint64(0), maxHandlePages
-	case h.sharedPages < 2:
-		return 0, ^uint64(0), 1 // spares fit anywhere; new handles of one page
+	if !h.fine || h.sharedPages < 2 {
+		return 0, ^uint64(0), h.handlePages() // spares fit anywhere
 	}
 	start := h.end
 	if last, err := h.x.Last(h.base); err == nil && last.Free {
@@ -408,6 +405,16 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) 
 		return 0, aerr
 	}
 	return done, nil
+}
+
+// handlePages is the most pages of a new handle outside a shared growth's
+// block (growthRange): maxHandlePages, or one where the heap is fine and
+// must move memory at the finest grain.
+func (h *vmmHeap) handlePages() uint64 {
+	if h.fine {
+		return 1
+	}
+	return maxHandlePages
 }
 
 // create makes a physical allocation of k pages (cuMemCreate), noting a
@@ -624,11 +631,7 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 	var mappedNow [][2]uint64
 	for _, hole := range runs(h.mapped, first, end, false) {
 		p, q := hole[0], hole[0]+hole[1]
-		large := uint64(maxHandlePages)
-		if h.fine {
-			large = 1
-		}
-		if _, err := h.mapRun(p, q-p, q-p, lo, hi, large); err != nil {
+		if _, err := h.mapRun(p, q-p, q-p, lo, hi, h.handlePages()); err != nil {
 			for _, r := range mappedNow {
 				if h.unmapRun(r[0], r[1]) == nil {
 					h.holes += r[1]
@@ -688,20 +691,34 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 			return released, err
 		}
 	}
+	n, err := h.unmapFree(free, released, limit, keep, true)
+	return released + n, err
+}
+
+// unmapFree unmaps runs of free mappings in order, each from its top
+// (cutFromTop), as vmmHeap.unmap does with keep, counting the pages as
+// holes, until done plus the bytes it counts reach limit, and returns
+// those bytes: every page unmapped, or with net those not left orphaned
+// (a failed cuMemRelease: still the pool's, not released).
+func (h *vmmHeap) unmapFree(free []mappingRun, done, limit uint64, keep, net bool) (uint64, error) {
+	var counted uint64
 	for _, r := range free {
-		if released >= limit {
+		if done+counted >= limit {
 			break
 		}
-		first := h.cutFromTop(r, limit-released)
+		first := h.cutFromTop(r, limit-done-counted)
 		n := r.first + r.n - first
 		orphans := h.orphanPages()
 		if err := h.unmap(first, n, keep); err != nil {
-			return released, err
+			return counted, err
 		}
 		h.holes += n
-		released += (n - (h.orphanPages() - orphans)) * h.gran
+		if net {
+			n -= h.orphanPages() - orphans
+		}
+		counted += n * h.gran
 	}
-	return released, nil
+	return counted, nil
 }
 
 // mappingRun is a run of adjacent whole mappings, pages [first,
