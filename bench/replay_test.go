@@ -2,6 +2,7 @@ package bench
 
 import (
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/gpumem/tlsf/internal/bestfit"
@@ -48,7 +49,11 @@ const heapSize = 1 << 40
 // over peak live bytes. The tlsf-harness variant drives the index through
 // the replay harness (replay.Compiled.Run, an interface call per
 // operation) and reports the median and minimum per replay: the figure
-// BenchmarkPoolReplay's ns/traceop compares with.
+// BenchmarkPoolReplay's ns/traceop compares with (tlsf-harness places by
+// good fit, as the pool with GoodFit does; tlsf-fit-harness by AllocFit,
+// the pool's default placement; tlsf-fit-locked-harness is AllocFit with
+// each call under a sync.Mutex, the floor of any pool whose requests
+// take a lock, so that the pool's own cost is its figure less this one).
 func BenchmarkReplay(b *testing.B) {
 	for _, c := range allTraces(b) {
 		b.Run(c.Name+"/tlsf", func(b *testing.B) {
@@ -85,26 +90,31 @@ func BenchmarkReplay(b *testing.B) {
 			}
 			report(b, c, top)
 		})
-		b.Run(c.Name+"/tlsf-harness", func(b *testing.B) {
-			x, _ := tlsf.New(tlsf.Config{SLLog2: 6})
-			if err := x.AddRegion(0, heapSize); err != nil {
-				b.Fatal(err)
-			}
-			a := &indexAllocator{x: x}
-			var runs []float64
-			for b.Loop() {
-				r, err := c.Run(a)
-				if err == nil {
-					err = r.FreeLeft(a)
-				}
-				if err != nil {
+		for _, v := range []struct {
+			name        string
+			fit, locked bool
+		}{{"tlsf-harness", false, false}, {"tlsf-fit-harness", true, false}, {"tlsf-fit-locked-harness", true, true}} {
+			b.Run(c.Name+"/"+v.name, func(b *testing.B) {
+				x, _ := tlsf.New(tlsf.Config{SLLog2: 6})
+				if err := x.AddRegion(0, heapSize); err != nil {
 					b.Fatal(err)
 				}
-				runs = append(runs, r.NsPerOp())
-			}
-			reportRuns(b, runs)
-			b.ReportMetric(float64(a.top)/float64(c.peakLive), "top/live")
-		})
+				a := &indexAllocator{x: x, fit: v.fit, locked: v.locked}
+				var runs []float64
+				for b.Loop() {
+					r, err := c.Run(a)
+					if err == nil {
+						err = r.FreeLeft(a)
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+					runs = append(runs, r.NsPerOp())
+				}
+				reportRuns(b, runs)
+				b.ReportMetric(float64(a.top)/float64(c.peakLive), "top/live")
+			})
+		}
 		b.Run(c.Name+"/bestfit", func(b *testing.B) {
 			addrs := make([]uint64, c.Slots)
 			var top uint64
@@ -139,17 +149,34 @@ func report(b *testing.B, c compiled, top uint64) {
 // interface: the reference BenchmarkPoolReplay's ns/traceop compares
 // with (the same loop, one interface call per operation).
 type indexAllocator struct {
-	x   *tlsf.Index
-	top uint64
+	x      *tlsf.Index
+	fit    bool // AllocFit (the pool's default placement), else Alloc (GoodFit's)
+	locked bool // each call under mu, as a pool's locked path is
+	mu     sync.Mutex
+	top    uint64
 }
 
 func (a *indexAllocator) Alloc(size, _ uint64) (uintptr, error) {
-	b, err := a.x.Alloc(size)
+	if a.locked {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+	}
+	var b tlsf.Block
+	var err error
+	if a.fit {
+		b, err = a.x.AllocFit(size)
+	} else {
+		b, err = a.x.Alloc(size)
+	}
 	a.top = max(a.top, b.Addr+b.Size)
 	return uintptr(b.Addr), err
 }
 
 func (a *indexAllocator) Free(ptr uintptr, _ uint64) error {
+	if a.locked {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+	}
 	_, err := a.x.Free(uint64(ptr))
 	return err
 }

@@ -113,9 +113,31 @@ func (p *Pool) releaseFor(size, align uint64) (uint64, error) {
 		p.noteReleased(n)
 		return n, err
 	}
-	n, err := p.heap.release(need, true)
+	var n uint64
+	err := p.moveFor(size, func(h *vmmHeap) (err error) {
+		n, err = h.release(need, true)
+		return err
+	})
 	p.noteMoved(n)
 	return n, err
+}
+
+// moveFor runs move, which moves pages of the VMM heap to its spares
+// (release or recycle with keep) for a request of size bytes. For a
+// request within recycleLiveFraction of the cap, which the pool must
+// serve, the one-page handles moved stay spares too (vmmHeap.keepSmall):
+// released under pressure, as the heap otherwise does so that moved
+// memory ends up in large handles, their memory went to other processes
+// sharing a full device before the growth after the move could map it
+// again, and the request failed within its share (tlsf-stress multi on
+// the simulated H200 with real time, K = 4: most of its failures within
+// 90% of the share).
+func (p *Pool) moveFor(size uint64, move func(*vmmHeap) error) error {
+	h := p.heap.(*vmmHeap)
+	h.keepSmall = p.withinLive(size)
+	err := move(h)
+	h.keepSmall = false
+	return err
 }
 
 // searchRecycling is search for the out-of-memory path: where the block

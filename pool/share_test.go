@@ -302,6 +302,45 @@ func TestUnderPressureMemoryMovesInLargeHandles(t *testing.T) {
 	checkStep(t, p, d)
 }
 
+// Under pressure, a request within 90% of the cap that needs memory moved
+// keeps it in the pool: the one-page handles moved for it stay spares and
+// are mapped under its block where the device has no room for a larger
+// handle. (They used to be released first, to be replaced by one large
+// handle, and a neighbour that took the memory in between made the
+// request fail within its share.)
+func TestMemoryMovedForARequestWithinTheShareStaysInThePool(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 256 * miB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	// The cap in one-page handles, 8 MiB blocks, every other one freed: no
+	// free block is 16 MiB long.
+	ptrs := allocBlocks(t, p, 32, 8*miB)
+	freeEveryOther(t, p, ptrs)
+	p.mu.Lock()
+	p.pressure = p.c.allocs + 1 // as after a failed allocation
+	p.mu.Unlock()
+	// A neighbour takes whatever is free whenever the pool creates a
+	// handle.
+	var taken uint64
+	sd.SetHook(func(c device.Call) {
+		if c != device.CallMemCreate {
+			return
+		}
+		if free, _, err := sd.MemGetInfo(); err == nil && free > 0 && sd.Occupy(free) == nil {
+			taken += free
+		}
+	})
+	defer func() { sd.SetHook(nil); sd.Vacate(taken) }()
+	before := p.Stats()
+	big, err := p.Alloc(16 * miB)
+	require.NoError(t, err, "128 MiB in use of a 256 MiB cap: served from its own memory")
+	after := p.Stats()
+	assert.Zero(t, after.DeviceCalls[device.CallMemRelease]-before.DeviceCalls[device.CallMemRelease], "no memory left the pool")
+	assert.LessOrEqual(t, after.Reserved, uint64(256*miB))
+	require.NoError(t, sd.MemsetD32(big, 1, wordCount(16*miB)))
+	checkStep(t, p, d)
+}
+
 // allocBlocks allocates n blocks of size bytes from p.
 func allocBlocks(t *testing.T, p *Pool, n int, size uint64) []uintptr {
 	t.Helper()

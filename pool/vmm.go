@@ -56,6 +56,12 @@ type vmmHeap struct {
 	// unmapped are released. Larger handles unmapped with keep become
 	// spares either way.
 	fine bool
+	// keepSmall: one-page handles unmapped with keep become spares even
+	// while not fine. The out-of-memory path sets it while it moves
+	// memory for a request it must serve (Pool.moveFor): released, their
+	// memory could go to another process before the mapping that follows
+	// asks for it again.
+	keepSmall bool
 	// sharedPages, where at least 2: other processes hold much of the
 	// device (Pool.setShared), and a growth maps the interior of the
 	// block it is for in handles of up to sharedPages pages even while
@@ -319,6 +325,7 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) 
 	// as it created: the caller counted spares as memory the mapping
 	// would use, so reserved memory ends where it expected.
 	defer func() { h.dropSpares(created-min(created, dropped), 0) }()
+mapping:
 	for done < n {
 		p := first + done
 		var mh device.MemHandle
@@ -329,8 +336,25 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) 
 		if p >= lo && p < hi {
 			fit = min(n-done, hi-p)
 		}
-		var spare bool
+		var spare, setAside bool
 		mh, k, spare = h.popSpare(1, fit)
+		if spare && k == 1 && fit > 1 && large > 1 && h.most > 1 {
+			// A one-page spare (kept by a move for a request the pool
+			// must serve: keepSmall) where a larger handle may go: create
+			// the larger handle where the device has room for it, and
+			// release the spare after (the deferred dropSpares), so that
+			// the memory ends up in large handles without leaving the
+			// pool first.
+			if !asked {
+				if f, _, gerr := h.dev.MemGetInfo(); gerr == nil {
+					free, asked = f, true
+				}
+			}
+			if asked && free >= 2*h.gran {
+				h.pushSpare(mh, 1)
+				spare, setAside = false, true
+			}
+		}
 		if !spare {
 			k = 1
 			if p >= lo && p < hi {
@@ -363,14 +387,20 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) 
 				k = h.most
 				mh, err = h.create(k)
 			}
-			if err != nil {
-				break
-			}
-			free -= min(free, k*h.gran)
-			created += k
-			if k == h.most && k < maxHandlePages {
-				if h.streak++; h.streak >= handleStreak {
-					h.most, h.streak = min(2*h.most, maxHandlePages), 0
+			switch {
+			case err != nil && setAside:
+				// The device had not the room after all: map the spare.
+				mh, k, spare = h.popSpare(1, 1)
+				err = nil
+			case err != nil:
+				break mapping
+			default:
+				free -= min(free, k*h.gran)
+				created += k
+				if k == h.most && k < maxHandlePages {
+					if h.streak++; h.streak >= handleStreak {
+						h.most, h.streak = min(2*h.most, maxHandlePages), 0
+					}
 				}
 			}
 		}
@@ -504,10 +534,10 @@ func (h *vmmHeap) unmapRun(first, n uint64) error {
 
 // unmap unmaps pages [first, first+n), all mapped and made of whole
 // mappings, and releases their physical memory, or, with keep, keeps
-// their handles as spares: all of them while the heap is fine, else those
-// of more than one page (one-page handles are then released and counted
-// in dropped, so that memory moved under pressure ends up in large
-// handles).
+// their handles as spares: all of them while the heap is fine or
+// keepSmall, else those of more than one page (one-page handles are then
+// released and counted in dropped, so that memory moved under pressure
+// ends up in large handles).
 func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 	if n == 0 {
 		return nil
@@ -521,7 +551,7 @@ func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 		if p > first {
 			h.unmapWork++
 		}
-		if keep && (k > 1 || h.fine) {
+		if keep && (k > 1 || h.fine || h.keepSmall) {
 			h.pushSpare(h.handles[p], k)
 		} else {
 			if keep {
