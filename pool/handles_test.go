@@ -195,6 +195,42 @@ func TestACappedPoolGrowsInLargerHandlesOnASharedDevice(t *testing.T) {
 	}
 }
 
+// Holes a capped pool on a shared device maps again under a block
+// (vmmHeap.back) get the block's interior in handles of up to sharedPages
+// pages, as its growths do, not one handle per page.
+func TestACappedPoolBacksHolesInLargerHandlesOnASharedDevice(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: 16 * giB})
+	require.NoError(t, sd.Occupy(2*giB)) // another process: 1/8 of the device
+	t.Cleanup(func() { sd.Vacate(2 * giB) })
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxFraction: 0.5, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	a, err := p.Alloc(200 * miB)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(a))
+	_, err = p.Trim()
+	require.NoError(t, err)
+	require.Zero(t, p.Stats().Reserved, "the range is all holes")
+	before := creates(p)
+	a, err = p.Alloc(200 * miB) // 100 pages, backed in the index's free block
+	require.NoError(t, err)
+	h := p.heap.(*vmmHeap)
+	var several uint64
+	for pg := uint64(0); pg < (h.end-h.base)/h.gran; pg++ {
+		if h.mapped[pg] && uint64(h.start[pg]) == pg {
+			k := h.mappingLen(pg)
+			assert.LessOrEqual(t, k, uint64(16), "mapping at page %d: 8 GiB / 256 = 16 pages at most", pg)
+			if k > 1 {
+				several++
+			}
+		}
+	}
+	assert.Positive(t, several, "handles of several pages")
+	assert.LessOrEqual(t, creates(p)-before, uint64(100/16+3), "a handle per 16 pages and the block's first and last")
+	checkStep(t, p, d)
+	require.NoError(t, p.Free(a))
+	checkStep(t, p, d)
+}
+
 // A mapping releases the spares that fit nowhere in it before it creates
 // handles, not after: on a full device the memory they hold is what the
 // new handles are made of (a neighbouring process would otherwise take
