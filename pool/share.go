@@ -29,8 +29,9 @@ package pool
 //     handles (Pool.setFine);
 //  3. if the index has no block, moves at most what the request needs
 //     (releaseFor: its size rounded up to pages, plus one page for a
-//     block that straddles) to the spares, and grows once more, mapping
-//     the spares first; a chunk pool frees wholly free chunks up to that
+//     block that straddles) to the spares (for a request within
+//     recycleLiveFraction of the cap, its one-page handles too:
+//     Pool.moveFor), and grows once more, mapping the spares first; a chunk pool frees wholly free chunks up to that
 //     amount instead. It fails if that fails;
 //  4. remembers the failure (oomMemo): until the pool next frees a block
 //     under its lock, a request at least as large fails at once after the
