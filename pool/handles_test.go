@@ -211,7 +211,7 @@ func TestACappedPoolBacksHolesInLargerHandlesOnASharedDevice(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, p.Stats().Reserved, "the range is all holes")
 	before := creates(p)
-	a, err = p.Alloc(200 * miB) // 100 pages, backed in the index's free block
+	a, err = p.Alloc(200 * miB) // 100 pages, all holes: mapped by back
 	require.NoError(t, err)
 	h := p.heap.(*vmmHeap)
 	var several uint64

@@ -30,9 +30,10 @@ package pool
 //  3. if the index has no block, moves at most what the request needs
 //     (releaseFor: its size rounded up to pages, plus one page for a
 //     block that straddles) to the spares (for a request within
-//     recycleLiveFraction of the cap, its one-page handles too:
-//     Pool.moveFor), and grows once more, mapping the spares first; a chunk pool frees wholly free chunks up to that
-//     amount instead. It fails if that fails;
+//     recycleLiveFraction of the cap, its one-page handles too), and
+//     grows once more, mapping the spares first; a chunk pool frees
+//     wholly free chunks up to that amount instead. It fails if that
+//     fails;
 //  4. remembers the failure (oomMemo): until the pool next frees a block
 //     under its lock, a request at least as large fails at once after the
 //     growth attempt (which still sees memory other processes gave back),
@@ -95,10 +96,22 @@ func (p *Pool) rememberOOM(size uint64) {
 
 // releaseFor makes room for a request of size bytes aligned to align
 // after it failed: a VMM pool moves the pages of at most what the request
-// needs to its spares (under pressure it releases those in one-page
-// handles: Pool.setFine); a chunk pool frees
-// wholly free chunks up to that amount. It returns the bytes moved or
-// freed.
+// needs to its spares; a chunk pool frees wholly free chunks up to that
+// amount. It returns the bytes moved or freed.
+//
+// Under pressure a VMM heap releases the one-page handles it unmaps, so
+// that moved memory ends up in large handles (Pool.setFine), except for
+// a request within recycleLiveFraction of the cap, which the pool must
+// serve: their memory stays spares (vmmHeap.keepSmall) and is mapped
+// again as it was. Released, it went to other processes sharing a full
+// device before the growth after the move could ask for it again, and
+// the request failed within its share. On the simulated H200 with real
+// time, tlsf-stress multi, K = 2 and 4, seeds 5 to 12, against releasing
+// them in the same run: failures within 90% of the share 2 and 16 (0 and
+// 9 still within at return) against 9 and 18 (7 and 16), at 2.13 and
+// 1.56 driver calls per operation against 2.06 and 1.58.
+// (Keeping them in searchRecycling's move too gave 6.5 and 3.3 calls per
+// operation against 2.1 and 1.6: the memory stayed in one-page handles.)
 func (p *Pool) releaseFor(size, align uint64) (uint64, error) {
 	if p.heap == nil {
 		return 0, nil
@@ -109,41 +122,17 @@ func (p *Pool) releaseFor(size, align uint64) (uint64, error) {
 		return 0, err
 	}
 	p.setFine()
-	if _, vmm := p.heap.(*vmmHeap); !vmm {
+	h, vmm := p.heap.(*vmmHeap)
+	if !vmm {
 		n, err := p.heap.release(need, false)
 		p.noteReleased(n)
 		return n, err
 	}
-	var n uint64
-	err := p.moveFor(size, func(h *vmmHeap) (err error) {
-		n, err = h.release(need, true)
-		return err
-	})
+	h.keepSmall = p.withinLive(size)
+	defer func() { h.keepSmall = false }() // a Device may panic
+	n, err := h.release(need, true)
 	p.noteMoved(n)
 	return n, err
-}
-
-// moveFor runs move, which moves pages of the VMM heap to its spares
-// (release or recycle with keep) for a request of size bytes. For a
-// request within recycleLiveFraction of the cap, which the pool must
-// serve, the one-page handles moved stay spares too (vmmHeap.keepSmall):
-// released under pressure, as the heap otherwise does so that moved
-// memory ends up in large handles, their memory went to other processes
-// sharing a full device before the growth after the move could map it
-// again, and the request failed within its share. A mapping still makes
-// large handles of that memory where the device has room
-// (vmmHeap.mapRun). On the simulated H200 with real time, tlsf-stress
-// multi, K = 2 and 4, seeds 5 to 12: failures within 90% of the share 1
-// and 7 (0 and 5 still within at return) against 4 and 28 (3 and 25),
-// at 2.09 and 1.61 driver calls per operation against 2.12 and 1.58.
-// (Keeping them in the move before it too, searchRecycling's, gave 6.5
-// and 3.3 calls: the memory stayed in one-page handles.)
-func (p *Pool) moveFor(size uint64, move func(*vmmHeap) error) error {
-	h := p.heap.(*vmmHeap)
-	h.keepSmall = p.withinLive(size)
-	err := move(h)
-	h.keepSmall = false
-	return err
 }
 
 // searchRecycling is search for the out-of-memory path: where the block

@@ -72,7 +72,9 @@ type Stats struct {
 	// out-of-memory path of a capped pool: unmapped under free blocks,
 	// mapped where needed), in bytes since New. Memory unmapped to move
 	// and released instead (handles of more than a page, or a pool under
-	// pressure) counts in Releases and ReleasedBytes.
+	// pressure) counts in Releases and ReleasedBytes; memory kept to move
+	// that a later mapping releases instead of mapping it (a spare that
+	// fits nowhere in it) counts in both.
 	RecycledBytes uint64
 	// ScavengedBytes is the device memory the background scavenger
 	// returned because the device ran low (FreeFloorFraction; included in

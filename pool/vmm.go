@@ -35,8 +35,9 @@ import (
 // mapped again while the heap is not fine get large handles inside the
 // block and one-page handles for its first and last page, which it may
 // share with its neighbours. On a device other processes share
-// (Pool.setShared), a fine heap's growth maps the block it is for the same
-// way, in handles of up to a 256th of the cap: memory moving between
+// (Pool.setShared), a fine heap's growths and mappings of holes map the
+// block they are for the same way, in handles of up to a 256th of the
+// cap: memory moving between
 // processes moves at the handles' granularity, and one-page handles make
 // filling and moving a share cost driver calls per 2 MiB.
 type vmmHeap struct {
@@ -58,9 +59,9 @@ type vmmHeap struct {
 	fine bool
 	// keepSmall: one-page handles unmapped with keep become spares even
 	// while not fine. The out-of-memory path sets it while it moves
-	// memory for a request it must serve (Pool.moveFor): released, their
-	// memory could go to another process before the mapping that follows
-	// asks for it again.
+	// memory for a request it must serve (Pool.releaseFor): released,
+	// their memory could go to another process before the mapping that
+	// follows asks for it again.
 	keepSmall bool
 	// sharedPages, where at least 2: other processes hold much of the
 	// device (Pool.setShared), and a growth maps the interior of the
@@ -326,7 +327,6 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) 
 	// as it created: the caller counted spares as memory the mapping
 	// would use, so reserved memory ends where it expected.
 	defer func() { h.dropSpares(created-min(created, dropped), 0) }()
-mapping:
 	for done < n {
 		p := first + done
 		var mh device.MemHandle
@@ -337,25 +337,8 @@ mapping:
 		if p >= lo && p < hi {
 			fit = min(n-done, hi-p)
 		}
-		var spare, setAside bool
+		var spare bool
 		mh, k, spare = h.popSpare(1, fit)
-		if spare && k == 1 && fit > 1 && large > 1 && h.most > 1 {
-			// A one-page spare (kept by a move for a request the pool
-			// must serve: keepSmall) where a larger handle may go: create
-			// the larger handle where the device has room for it, and
-			// release the spare after (the deferred dropSpares), so that
-			// the memory ends up in large handles without leaving the
-			// pool first.
-			if !asked {
-				if f, _, gerr := h.dev.MemGetInfo(); gerr == nil {
-					free, asked = f, true
-				}
-			}
-			if asked && free >= 2*h.gran {
-				h.pushSpare(mh, 1)
-				spare, setAside = false, true
-			}
-		}
 		if !spare {
 			k = 1
 			if p >= lo && p < hi {
@@ -388,20 +371,14 @@ mapping:
 				k = h.most
 				mh, err = h.create(k)
 			}
-			switch {
-			case err != nil && setAside:
-				// The device had not the room after all: map the spare.
-				mh, k, spare = h.popSpare(1, 1)
-				err = nil
-			case err != nil:
-				break mapping
-			default:
-				free -= min(free, k*h.gran)
-				created += k
-				if k == h.most && k < maxHandlePages {
-					if h.streak++; h.streak >= handleStreak {
-						h.most, h.streak = min(2*h.most, maxHandlePages), 0
-					}
+			if err != nil {
+				break
+			}
+			free -= min(free, k*h.gran)
+			created += k
+			if k == h.most && k < maxHandlePages {
+				if h.streak++; h.streak >= handleStreak {
+					h.most, h.streak = min(2*h.most, maxHandlePages), 0
 				}
 			}
 		}
