@@ -96,9 +96,10 @@
 // There is nothing else to set: a capped pool maps one-page physical
 // allocations, so that its memory can move 2 MiB at a time to fit its
 // cap, and while other processes hold a sixteenth of the device or more
-// its growths map each block in larger ones (up to a 256th of its cap),
-// as moving memory between processes page by page costs a driver call
-// per 2 MiB (Pool.setShared in pool.go).
+// its growths, and its mappings of released pages under a block, map
+// each block's interior in larger ones (up to a 256th of its cap), as
+// moving memory between processes page by page costs a driver call per
+// 2 MiB (Pool.setShared in pool.go).
 //
 // # Out of memory
 //
@@ -109,7 +110,9 @@
 // released pages, it moves just the pages the block lacks from under
 // other free blocks (cuMemUnmap and cuMemMap of kept physical memory, no
 // cuMemRelease or cuMemCreate), else it moves what the request needs and
-// grows once more; then it fails with ErrOutOfMemory. It remembers the
+// grows once more (for a request within 90% of its cap keeping all of
+// that memory, so that no other process can take it in between); then it
+// fails with ErrOutOfMemory. It remembers the
 // failure, so that until it next frees a block, a request at least as
 // large fails without repeating the work; and for 256 allocations after a
 // failure it gathers no scattered pages above 90% of its cap, so that a
