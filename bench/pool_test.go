@@ -77,25 +77,9 @@ func BenchmarkPoolReplay(b *testing.B) {
 
 				p := newSimPool(b, cfg.opts)
 				a := replay.Pool{P: p}
-				r, err := ct.Run(a) // cold
-				if err == nil {
-					err = r.FreeLeft(a)
-				}
-				if err != nil {
-					b.Fatal(err)
-				}
+				replayOnce(b, ct, a) // cold
 				before := p.Stats().DeviceCalls
-				var runs []float64
-				for b.Loop() {
-					r, err := ct.Run(a)
-					if err == nil {
-						err = r.FreeLeft(a)
-					}
-					if err != nil {
-						b.Fatal(err)
-					}
-					runs = append(runs, r.NsPerOp())
-				}
+				runs := replayLoop(b, ct, a)
 				after := p.Stats().DeviceCalls
 				reportRuns(b, runs)
 				b.ReportMetric(float64(after.Total()-before.Total())/float64(b.N)/float64(len(tr.Ops)), "calls/traceop")

@@ -100,18 +100,7 @@ func BenchmarkReplay(b *testing.B) {
 					b.Fatal(err)
 				}
 				a := &indexAllocator{x: x, fit: v.fit, locked: v.locked}
-				var runs []float64
-				for b.Loop() {
-					r, err := c.Run(a)
-					if err == nil {
-						err = r.FreeLeft(a)
-					}
-					if err != nil {
-						b.Fatal(err)
-					}
-					runs = append(runs, r.NsPerOp())
-				}
-				reportRuns(b, runs)
+				reportRuns(b, replayLoop(b, c.Compiled, a))
 				b.ReportMetric(float64(a.top)/float64(c.peakLive), "top/live")
 			})
 		}
@@ -179,6 +168,28 @@ func (a *indexAllocator) Free(ptr uintptr, _ uint64) error {
 	}
 	_, err := a.x.Free(uint64(ptr))
 	return err
+}
+
+// replayOnce replays c through a and frees the blocks it leaves live.
+func replayOnce(b *testing.B, c *replay.Compiled, a replay.Allocator) replay.Result {
+	r, err := c.Run(a)
+	if err == nil {
+		err = r.FreeLeft(a)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r
+}
+
+// replayLoop replays c through a once per benchmark iteration
+// (replayOnce) and returns each replay's ns per operation.
+func replayLoop(b *testing.B, c *replay.Compiled, a replay.Allocator) []float64 {
+	var runs []float64
+	for b.Loop() {
+		runs = append(runs, replayOnce(b, c, a).NsPerOp())
+	}
+	return runs
 }
 
 // reportRuns reports the median and the minimum of per-replay ns per

@@ -276,16 +276,28 @@ func TestMayRecycleUnderPressure(t *testing.T) {
 	require.True(t, p.mayRecycle(10*miB), "the failure is old")
 }
 
+// pressuredPool makes a VMM pool on a simulated GPU of 1 GiB, capped at
+// 256 MiB, caches and scavenger off, with blocks of 32 MiB up to the cap,
+// put under pressure (as after a failed allocation).
+func pressuredPool(t *testing.T) (*Pool, testDevice, *sim.Device, []uintptr) {
+	t.Helper()
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 256 * miB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	ptrs := allocBlocks(t, p, 8, 32*miB)
+	p.mu.Lock()
+	p.pressure = p.c.allocs + 1
+	p.mu.Unlock()
+	return p, d, sd, ptrs
+}
+
 // A capped pool under pressure (an allocation failed lately) moves memory
 // in large handles: where the block found lies on released pages and the
 // device is full, the one-page handles it takes from under other free
 // blocks are released, and the block's pages are mapped as one handle,
 // not one cuMemMap per 2 MiB page.
 func TestUnderPressureMemoryMovesInLargeHandles(t *testing.T) {
-	sd := sim.New(sim.Config{Capacity: giB})
-	d := onSim(sd)
-	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 256 * miB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-	ptrs := allocBlocks(t, p, 8, 32*miB)
+	p, d, sd, ptrs := pressuredPool(t)
 	// The bottom 64 MiB free and released (holes), two more 32 MiB free
 	// and mapped.
 	require.NoError(t, p.Free(ptrs[0]))
@@ -298,9 +310,6 @@ func TestUnderPressureMemoryMovesInLargeHandles(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, sd.Occupy(free)) // a neighbour holds the rest
 	t.Cleanup(func() { sd.Vacate(free) })
-	p.mu.Lock()
-	p.pressure = p.c.allocs + 1 // as after a failed allocation
-	p.mu.Unlock()
 	before := p.Stats()
 	big, err := p.Alloc(64 * miB)
 	require.NoError(t, err, "within 90% of the cap: the free pieces' pages moved under the released block")
@@ -315,68 +324,42 @@ func TestUnderPressureMemoryMovesInLargeHandles(t *testing.T) {
 }
 
 // The last move of the out-of-memory path under pressure, for a request
-// within 90% of the cap for which no free block is long enough
+// within 90% of the cap that no free block is long enough for
 // (releaseFor), keeps the memory: the one-page handles it unmaps stay
 // spares and are mapped again under the block grown at the top, no handle
-// released or created.
-func TestUnderPressureMemoryMovedForARequestWithinTheShareIsMappedAsItWas(t *testing.T) {
-	sd := sim.New(sim.Config{Capacity: giB})
-	d := onSim(sd)
-	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 256 * miB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-	ptrs := allocBlocks(t, p, 8, 32*miB)
-	freeEveryOther(t, p, ptrs)
-	p.mu.Lock()
-	p.pressure = p.c.allocs + 1 // as after a failed allocation
-	p.mu.Unlock()
-	before := p.Stats()
-	big, err := p.Alloc(64 * miB)
-	require.NoError(t, err, "within 90% of the cap: gathered from the free pieces")
-	after := p.Stats()
-	calls := func(c device.Call) uint64 { return after.DeviceCalls[c] - before.DeviceCalls[c] }
-	assert.Zero(t, calls(device.CallMemCreate), "no new handle: %v", after.DeviceCalls)
-	assert.Zero(t, calls(device.CallMemRelease), "no memory left the pool")
-	assert.Equal(t, before.Reserved, after.Reserved)
-	require.NoError(t, sd.MemsetD32(big, 1, wordCount(64*miB)))
-	checkStep(t, p, d)
-}
-
-// Under pressure, a request within 90% of the cap that needs memory moved
-// keeps it in the pool: the one-page handles moved for it stay spares and
-// are mapped under its block where the device has no room for a larger
-// handle. (They used to be released first, to be replaced by one large
-// handle, and a neighbour that took the memory in between made the
-// request fail within its share.)
-func TestMemoryMovedForARequestWithinTheShareStaysInThePool(t *testing.T) {
-	sd := sim.New(sim.Config{Capacity: giB})
-	d := onSim(sd)
-	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 256 * miB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-	// The cap in one-page handles, 8 MiB blocks, every other one freed: no
-	// free block is 16 MiB long.
-	ptrs := allocBlocks(t, p, 32, 8*miB)
-	freeEveryOther(t, p, ptrs)
-	p.mu.Lock()
-	p.pressure = p.c.allocs + 1 // as after a failed allocation
-	p.mu.Unlock()
-	// A neighbour takes whatever is free whenever the pool creates a
-	// handle.
-	var taken uint64
-	sd.SetHook(func(c device.Call) {
-		if c != device.CallMemCreate {
-			return
-		}
-		if free, _, err := sd.MemGetInfo(); err == nil && free > 0 && sd.Occupy(free) == nil {
-			taken += free
-		}
-	})
-	defer func() { sd.SetHook(nil); sd.Vacate(taken) }()
-	before := p.Stats()
-	big, err := p.Alloc(16 * miB)
-	require.NoError(t, err, "128 MiB in use of a 256 MiB cap: served from its own memory")
-	after := p.Stats()
-	assert.Zero(t, after.DeviceCalls[device.CallMemRelease]-before.DeviceCalls[device.CallMemRelease], "no memory left the pool")
-	assert.LessOrEqual(t, after.Reserved, uint64(256*miB))
-	require.NoError(t, sd.MemsetD32(big, 1, wordCount(16*miB)))
-	checkStep(t, p, d)
+// released or created, also while a neighbour takes whatever the device
+// has free whenever the pool creates a handle. (They used to be released,
+// to be replaced by one large handle, and a neighbour that took the
+// memory in between made the request fail within its share.)
+func TestUnderPressureMemoryMovedForARequestWithinTheShareStaysInThePool(t *testing.T) {
+	for _, neighbour := range []bool{false, true} {
+		t.Run(fmt.Sprintf("neighbour=%v", neighbour), func(t *testing.T) {
+			p, d, sd, ptrs := pressuredPool(t)
+			freeEveryOther(t, p, ptrs) // 128 MiB free in 32 MiB pieces
+			var taken uint64
+			if neighbour {
+				sd.SetHook(func(c device.Call) {
+					if c != device.CallMemCreate {
+						return
+					}
+					if free, _, err := sd.MemGetInfo(); err == nil && free > 0 && sd.Occupy(free) == nil {
+						taken += free
+					}
+				})
+				defer func() { sd.SetHook(nil); sd.Vacate(taken) }()
+			}
+			before := p.Stats()
+			big, err := p.Alloc(64 * miB)
+			require.NoError(t, err, "128 MiB in use of a 256 MiB cap: served from its own memory")
+			after := p.Stats()
+			calls := func(c device.Call) uint64 { return after.DeviceCalls[c] - before.DeviceCalls[c] }
+			assert.Zero(t, calls(device.CallMemCreate), "no new handle: %v", after.DeviceCalls)
+			assert.Zero(t, calls(device.CallMemRelease), "no memory left the pool")
+			assert.Equal(t, before.Reserved, after.Reserved)
+			require.NoError(t, sd.MemsetD32(big, 1, wordCount(64*miB)))
+			checkStep(t, p, d)
+		})
+	}
 }
 
 // allocBlocks allocates n blocks of size bytes from p.
