@@ -96,10 +96,10 @@
 // There is nothing else to set: a capped pool maps one-page physical
 // allocations, so that its memory can move 2 MiB at a time to fit its
 // cap, and while other processes hold a sixteenth of the device or more
-// its growths, and its mappings of released pages under a block, map
-// each block's interior in larger ones (up to a 256th of its cap), as
-// moving memory between processes page by page costs a driver call per
-// 2 MiB (Pool.setShared in pool.go).
+// (as its last growth found) its growths, and its mappings of released
+// pages under a block, map each block's interior in larger ones (up to a
+// 256th of its cap), as moving memory between processes page by page
+// costs a driver call per 2 MiB (Pool.setShared in pool.go).
 //
 // # Out of memory
 //

@@ -637,7 +637,9 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 // able to move at the finest granularity to fit under its cap; but not
 // while the capped pool is under pressure (an allocation failed in its
 // last recyclePressureAllocs), when it maps large handles and releases
-// the one-page handles it moves instead of keeping them.
+// the one-page handles it moves instead of keeping them (except those the
+// out-of-memory path's last move takes for a request within 90% of the
+// cap: Pool.releaseFor).
 //
 // One-page handles from the start: measured on the shared traces
 // (simulated H200, smallest cap found by bisection to 2 MiB, over peak

@@ -112,6 +112,8 @@ func (p *Pool) rememberOOM(size uint64) {
 // 1.56 driver calls per operation against 2.06 and 1.58.
 // (Keeping them in searchRecycling's move too gave 6.5 and 3.3 calls per
 // operation against 2.1 and 1.6: the memory stayed in one-page handles.)
+// Spares the growth that follows does not map stay reserved until a later
+// mapping takes them or releases them (vmmHeap.mapRun), or Trim.
 func (p *Pool) releaseFor(size, align uint64) (uint64, error) {
 	if p.heap == nil {
 		return 0, nil

@@ -355,6 +355,7 @@ func TestUnderPressureMemoryMovedForARequestWithinTheShareStaysInThePool(t *test
 			calls := func(c device.Call) uint64 { return after.DeviceCalls[c] - before.DeviceCalls[c] }
 			assert.Zero(t, calls(device.CallMemCreate), "no new handle: %v", after.DeviceCalls)
 			assert.Zero(t, calls(device.CallMemRelease), "no memory left the pool")
+			assert.Greater(t, after.RecycledBytes, before.RecycledBytes, "moved from under the free pieces")
 			assert.Equal(t, before.Reserved, after.Reserved)
 			require.NoError(t, sd.MemsetD32(big, 1, wordCount(64*miB)))
 			checkStep(t, p, d)

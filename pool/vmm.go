@@ -54,8 +54,8 @@ type vmmHeap struct {
 	// unmapped with keep become spares (set by the pool before it grows,
 	// backs or moves pages: Pool.setFine says when). Otherwise mappings
 	// use handles of up to maxHandlePages pages and one-page handles
-	// unmapped are released. Larger handles unmapped with keep become
-	// spares either way.
+	// unmapped are released (unless keepSmall). Larger handles unmapped
+	// with keep become spares either way.
 	fine bool
 	// keepSmall: one-page handles unmapped with keep become spares even
 	// while not fine. The out-of-memory path sets it while it moves
@@ -64,13 +64,13 @@ type vmmHeap struct {
 	// follows asks for it again.
 	keepSmall bool
 	// sharedPages, where at least 2: other processes hold much of the
-	// device (Pool.setShared), and a growth maps the interior of the
-	// block it is for in handles of up to sharedPages pages even while
-	// fine (growthRange), as a mapping of the holes under a block does
-	// (back).
+	// device (Pool.setShared, as of the pool's last growth), and a
+	// growth maps the interior of the block it is for in handles of up to
+	// sharedPages pages even while fine (growthRange), as a mapping of
+	// the holes under a block does (back).
 	sharedPages uint64
 	// dropped counts bytes released to the driver by unmaps asked to keep
-	// their memory (one-page handles while not fine) and by spares
+	// their memory (one-page handles while neither fine nor keepSmall) and by spares
 	// released in a mapping (dropSpares), for the pool's statistics
 	// (Pool.noteMoved, Pool.noteDropped).
 	dropped uint64
@@ -636,8 +636,8 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 	// while fine, as a growth's (growthRange; on the simulated H200 with
 	// real time, tlsf-stress multi, K = 2 and 4, seeds 5 to 12: 2.00 and
 	// 1.51 driver calls per operation against 2.09 and 1.61 with one-page
-	// handles, 5,298 and 7,373 operations per second against 5,036 and
-	// 6,865). Its first and last, which it may share with its neighbours,
+	// handles, 5,298 and 7,373 operations per second per process, medians
+	// over the processes, against 5,036 and 6,865). Its first and last, which it may share with its neighbours,
 	// get one-page handles, so that they can move apart.
 	lo := (b.Addr - h.base + h.gran - 1) / h.gran
 	hi := (b.Addr + b.Size - h.base) / h.gran
