@@ -104,28 +104,27 @@
 // # Out of memory
 //
 // A request that can never succeed (its block above the device's total
-// memory or the cap) fails at once with ErrOutOfMemory, releasing
-// nothing. Otherwise, when memory runs out, the pool flushes the caches, waits for pending
-// stream-ordered frees and searches again; where the block found lies on
-// released pages, it moves just the pages the block lacks from under
-// other free blocks (cuMemUnmap and cuMemMap of kept physical memory, no
-// cuMemRelease or cuMemCreate), else it moves what the request needs and
-// grows once more (for a request within 90% of its cap keeping all of
-// that memory, so that no other process can take it in between); then it
-// fails with ErrOutOfMemory. It remembers the
-// failure, so that until it next frees a block, a request at least as
-// large fails without repeating the work; and for 256 allocations after a
-// failure it gathers no scattered pages above 90% of its cap, so that a
-// job asking for more than its share fails fast instead of thrashing.
-// Once the driver refuses it a cuMemCreate for want of memory, the memory
-// it holds becomes a limit: it backs released pages with its own memory,
-// moved as above, and maps new memory past the limit only where
-// cuMemGetInfo (one call) reports room: for every request within 90% of
-// its cap (all of them without a cap), which then raises the limit to
-// what it maps, and for one in 16 of the others, which lifts the limit
-// when it finds room. Unused
-// memory goes back to other processes through FreeFloorFraction, Trim or
-// a scavenger, not on every error (share.go).
+// memory or the cap) fails at once with ErrOutOfMemory, releasing nothing.
+// Otherwise, when memory runs out, the pool flushes the caches, waits for
+// pending stream-ordered frees and searches again; where the block found
+// lies on released pages, it moves just the pages the block lacks from
+// under other free blocks (cuMemUnmap and cuMemMap of kept physical
+// memory, no cuMemRelease or cuMemCreate), else it moves what the request
+// needs and grows once more (for a request within 90% of its cap keeping
+// all of that memory, so that no other process can take it in between);
+// then it fails with ErrOutOfMemory. It remembers the failure, so that
+// until it next frees a block, a request at least as large fails without
+// repeating the work; and for 256 allocations after a failure it gathers
+// no scattered pages above 90% of its cap, so that a job asking for more
+// than its share fails fast instead of thrashing. Once the driver refuses
+// it a cuMemCreate for want of memory, the memory it holds becomes a
+// limit: it backs released pages with its own memory, moved as above, and
+// maps new memory past the limit only where cuMemGetInfo (one call)
+// reports room: for every request within 90% of its cap (all of them
+// without a cap), which then raises the limit to what it maps, and for one
+// in 16 of the others, which lifts the limit when it finds room. Unused
+// memory goes back to other processes through FreeFloorFraction, Trim or a
+// scavenger, not on every error (share.go).
 //
 // # Stream order
 //

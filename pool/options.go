@@ -149,20 +149,21 @@ type Options struct {
 	// gives that size (a passthrough pool's: what the driver allocated).
 	//
 	// Why best fit, with caches for 4 KiB blocks and less, by default:
-	// measured on the simulated H200 (2026-12-01, peak reserved over peak
-	// live, cold · after warm replays), lstm 1.032 · 1.062, resnet50
-	// 1.020–1.022, tdnn 1.193, against good fit with 1 MiB caches (the
-	// default before): 1.142, 1.023, 1.182, and PyTorch's expandable
-	// segments' 1.120, 1.020, 1.204; smallest feasible caps 1.001, 1.003,
-	// 1.002–1.003 against 1.009, 1.003–1.004, 1.003–1.004. On the H200, real training through
-	// PyTorch (bench/e2e, two runs) peaked at 10.73–10.74 and 24.38 GiB
+	// measured on the simulated H200 (2026-12-01, peak reserved over
+	// peak live, cold · after warm replays), lstm 1.032 · 1.062,
+	// resnet50 1.020–1.022, tdnn 1.193, against good fit with 1 MiB
+	// caches (the default before): 1.142, 1.023, 1.182, and PyTorch's
+	// expandable segments' 1.120, 1.020, 1.204; smallest feasible caps
+	// 1.001, 1.003, 1.002–1.003 against 1.009, 1.003–1.004,
+	// 1.003–1.004. On the H200, real training through PyTorch
+	// (bench/e2e, two runs) peaked at 10.73–10.74 and 24.38 GiB
 	// reserved for ResNet-50 and GPT-2 against 10.80 and 24.54–24.61
-	// (expandable segments 10.70 and 24.42), at the same step time; tlsf-stress multi on the
-	// H200 made 1.56, 1.40 and 1.88 driver calls per operation at K = 2,
-	// 3, 4 against 1.90, 1.71 and 2.38. The cost is the replays' CPU
-	// time: 44, 51 and 42 ns per operation warm against 35, 46 and 39 on
-	// a 2-core VM (BenchmarkPoolReplay's vmm and vmm-goodfit-c1m, medians
-	// of ten).
+	// (expandable segments 10.70 and 24.42), at the same step time;
+	// tlsf-stress multi on the H200 made 1.56, 1.40 and 1.88 driver
+	// calls per operation at K = 2, 3, 4 against 1.90, 1.71 and 2.38.
+	// The cost is the replays' CPU time: 44, 51 and 42 ns per
+	// operation warm against 35, 46 and 39 on a 2-core VM
+	// (BenchmarkPoolReplay's vmm and vmm-goodfit-c1m, medians of ten).
 	GoodFit bool
 
 	// Cache configures the per-P small-block caches (see Cache).

@@ -412,20 +412,31 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 			_, _ = p.x.Free(b.Addr)
 			return tlsf.Block{}, err
 		}
-		if !p.roomToBack(size, need) {
-			_, _ = p.x.Free(b.Addr)
-			return tlsf.Block{}, errNoRoom
-		}
 		p.setFine()
-		err := p.heap.back(b)
-		p.noteMapping()
-		if err != nil {
-			_, _ = p.x.Free(b.Addr)
+		if err := p.backPlaced(b, size, need); err != nil {
 			return tlsf.Block{}, err
 		}
-		p.noteReserved()
 	}
 	return b, nil
+}
+
+// backPlaced maps the need bytes of holes under block b, just placed in
+// the index for a request of size bytes, where there is room for them
+// (roomToBack; else errNoRoom). On error it frees b in the index, which is
+// then as it was. Shared by search and searchRecycling.
+func (p *Pool) backPlaced(b tlsf.Block, size, need uint64) error {
+	if !p.roomToBack(size, need) {
+		_, _ = p.x.Free(b.Addr)
+		return errNoRoom
+	}
+	err := p.heap.back(b)
+	p.noteMapping()
+	if err != nil {
+		_, _ = p.x.Free(b.Addr)
+		return err
+	}
+	p.noteReserved()
+	return nil
 }
 
 // allocMiss runs when the index has no block (the locked path missed):

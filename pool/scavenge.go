@@ -19,15 +19,15 @@ package pool
 // The scavenger wakes every scavengePeriod (10 ms). Each wake makes one
 // cuMemGetInfo; below the floor, it takes the pool's lock and returns the
 // shortfall, scavengeStep bytes (64 MiB) at a time, those under the
-// largest free blocks first (vmmHeap.release), and when the heap alone
-// has too little, the per-P caches' blocks too, until the wake has made
+// largest free blocks first (vmmHeap.release), and when the heap alone has
+// too little, the per-P caches' blocks too, until the wake has made
 // scavengeCalls driver calls (a cuMemUnmap over several mappings counted
 // once per mapping: Pool.driverWork). The bound is on driver work, not
 // bytes: the driver's cost is per handle and mapping (vmm.go), so a wake
 // returns 64 MiB of one-page handles (a capped pool's) or up to 4 GiB of
 // 128 MiB handles (an uncapped pool's growths). So memory goes back at
-// 6.4 GiB/s to 400 GiB/s, and a process that starts after this one went idle finds
-// tens of GiB within the second.
+// 6.4 GiB/s to 400 GiB/s, and a process that starts after this one went
+// idle finds tens of GiB within the second.
 //
 // # Cost
 //

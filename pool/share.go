@@ -173,17 +173,9 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 		}
 	}
 	if need > 0 {
-		if !p.roomToBack(size, need) {
-			_, _ = p.x.Free(b.Addr)
-			return tlsf.Block{}, errNoRoom
-		}
-		err := h.back(b)
-		p.noteMapping()
-		if err != nil {
-			_, _ = p.x.Free(b.Addr)
+		if err := p.backPlaced(b, size, need); err != nil {
 			return tlsf.Block{}, err
 		}
-		p.noteReserved()
 	}
 	return b, nil
 }
@@ -191,12 +183,12 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 // recycle moves the physical pages of about limit bytes lying wholly under
 // free blocks out of the way (cuMemUnmap, one call per run of adjacent
 // mappings it takes under one free block; the handles become spares, as
-// vmmHeap.unmap says), taking whole mappings from the largest free
-// blocks first and, within a block, from its top down (a mapping moves
-// whole, so the bytes moved may pass limit by less than one mapping).
-// Unlike release, it takes pages from the free top of the heap too: the
-// block they go to is placed already, no growth follows. It returns the bytes moved. The caller has
-// synchronized the streams that freed memory.
+// vmmHeap.unmap says), taking whole mappings from the largest free blocks
+// first and, within a block, from its top down (a mapping moves whole, so
+// the bytes moved may pass limit by less than one mapping). Unlike
+// release, it takes pages from the free top of the heap too: the block
+// they go to is placed already, no growth follows. It returns the bytes
+// moved. The caller has synchronized the streams that freed memory.
 //
 // Why the largest first: a page moved out of a large free block leaves a
 // hole that a later request lands on only when no smaller block fits it

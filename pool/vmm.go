@@ -69,10 +69,10 @@ type vmmHeap struct {
 	// sharedPages pages even while fine (growthRange), as a mapping of
 	// the holes under a block does (back).
 	sharedPages uint64
-	// dropped counts bytes released to the driver by unmaps asked to keep
-	// their memory (one-page handles while neither fine nor keepSmall) and by spares
-	// released in a mapping (dropSpares), for the pool's statistics
-	// (Pool.noteMoved, Pool.noteDropped).
+	// dropped counts bytes released to the driver by unmaps asked to
+	// keep their memory (one-page handles while neither fine nor
+	// keepSmall) and by spares released in a mapping (dropSpares), for
+	// the pool's statistics (Pool.noteMoved, Pool.noteDropped).
 	dropped uint64
 	// unmapWork counts the mappings cuMemUnmap calls removed beyond one
 	// per call: the driver's cost is per mapping ("Handle size" above),
@@ -631,14 +631,16 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 		return err
 	}
 	first, end := h.pages(b)
-	// Pages wholly inside b may share handles (they are freed together):
-	// up to handlePages, and on a shared device up to sharedPages even
-	// while fine, as a growth's (growthRange; on the simulated H200 with
-	// real time, tlsf-stress multi, K = 2 and 4, seeds 5 to 12: 2.00 and
-	// 1.51 driver calls per operation against 2.09 and 1.61 with one-page
-	// handles, 5,298 and 7,373 operations per second per process, medians
-	// over the processes, against 5,036 and 6,865). Its first and last, which it may share with its neighbours,
-	// get one-page handles, so that they can move apart.
+	// Pages wholly inside b may share handles (they are freed
+	// together): up to handlePages, and on a shared device up to
+	// sharedPages even while fine, as a growth's (growthRange; on the
+	// simulated H200 with real time, tlsf-stress multi, K = 2 and 4,
+	// seeds 5 to 12: 2.00 and 1.51 driver calls per operation against
+	// 2.09 and 1.61 with one-page handles, 5,298 and 7,373 operations
+	// per second per process, medians over the processes, against
+	// 5,036 and 6,865). Its first and last, which it may share with
+	// its neighbours, get one-page handles, so that they can move
+	// apart.
 	lo := (b.Addr - h.base + h.gran - 1) / h.gran
 	hi := (b.Addr + b.Size - h.base) / h.gran
 	var mappedNow [][2]uint64
