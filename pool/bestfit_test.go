@@ -74,3 +74,35 @@ func TestGoodFitBlocksKeepTheirSizeClass(t *testing.T) {
 		checkStep(t, p, d)
 	}
 }
+
+// With Options.Wilderness a VMM pool keeps the free top of its heap for
+// requests no other free block holds: a request that fits a hole and the
+// top takes the hole, though larger, and the top stays whole for the next
+// growth. Without it, best fit takes the tighter top.
+func TestWildernessKeepsTheTopOfTheHeap(t *testing.T) {
+	for _, wild := range []bool{false, true} {
+		d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
+		p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-12, Wilderness: wild, Cache: CacheOptions{Disable: true}})
+		hole, err := p.Alloc(8 * miB)
+		require.NoError(t, err)
+		_, err = p.Alloc(miB) // a guard between the hole and the top
+		require.NoError(t, err)
+		top, err := p.Alloc(4 * miB)
+		require.NoError(t, err)
+		require.NoError(t, p.Free(top))
+		require.NoError(t, p.Free(hole))
+		grows := p.Stats().Grows
+
+		ptr, err := p.Alloc(3 * miB)
+		require.NoError(t, err)
+		if wild {
+			require.Equal(t, hole, ptr, "the hole: the top is kept")
+		} else {
+			require.Equal(t, top, ptr, "best fit: the top, the tighter block")
+		}
+		require.Equal(t, grows, p.Stats().Grows)
+		checkStep(t, p, d)
+		require.NoError(t, p.Free(ptr))
+		checkStep(t, p, d)
+	}
+}

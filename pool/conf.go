@@ -77,6 +77,7 @@ var confKeys = map[string]func(c *Conf, v string) error{
 	},
 	"cache_max_size": func(c *Conf, v string) (err error) { c.Options.Cache.MaxSize, err = parseBytes(v); return err },
 	"good_fit":       func(c *Conf, v string) (err error) { c.Options.GoodFit, err = parseBool(v); return err },
+	"wilderness":     func(c *Conf, v string) (err error) { c.Options.Wilderness, err = parseBool(v); return err },
 	"passthrough":    func(c *Conf, v string) (err error) { c.Options.Passthrough, err = parseBool(v); return err },
 	"guard":          func(c *Conf, v string) (err error) { c.Options.Guard, err = parseBytes(v); return err },
 	"history": func(c *Conf, v string) error {
@@ -105,6 +106,7 @@ var confKeys = map[string]func(c *Conf, v string) error{
 //	caches               true | false (false sets Options.Cache.Disable)
 //	cache_max_size       bytes (Options.Cache.MaxSize; 0: the default)
 //	good_fit             true | false (Options.GoodFit)
+//	wilderness           true | false (Options.Wilderness)
 //	passthrough          true | false (Options.Passthrough)
 //	guard                bytes of red zone after every block (Options.Guard)
 //	history              events kept for History and Snapshot (Options.History)

@@ -10,7 +10,7 @@ import (
 func TestParseConfAcceptsEveryKey(t *testing.T) {
 	c, err := ParseConf(" backend:chunks , device:sim,sim_capacity:2GiB,initial_fraction:0.01," +
 		"grow_fraction:0.5,max_fraction:0.9,max_bytes:1.5GiB,release_fraction:0.03," +
-		"free_floor_fraction:0.1,caches:false,cache_max_size:4KiB,good_fit:true,passthrough:false,guard:64," +
+		"free_floor_fraction:0.1,caches:false,cache_max_size:4KiB,good_fit:true,wilderness:true,passthrough:false,guard:64," +
 		"history:100,history_stacks:true")
 	require.NoError(t, err)
 	require.Equal(t, Conf{
@@ -26,6 +26,7 @@ func TestParseConfAcceptsEveryKey(t *testing.T) {
 			FreeFloorFraction: 0.1,
 			Cache:             CacheOptions{Disable: true, MaxSize: 4 << 10},
 			GoodFit:           true,
+			Wilderness:        true,
 			Guard:             64,
 			History:           100,
 			HistoryStacks:     true,

@@ -48,21 +48,21 @@ func TestAGrowthMapsOneHandle(t *testing.T) {
 	checkStep(t, p, d)
 }
 
-func TestCappedAndRecyclingPoolsMapOnePageHandles(t *testing.T) {
+func TestCappedPoolsMapOnePageHandles(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		opts Options
 	}{
 		{"MaxBytes", Options{MaxBytes: 8 * giB}},
 		{"MaxFraction", Options{MaxFraction: 0.5}},
-		{"ReleaseFraction", Options{ReleaseFraction: 0.03}},
+		{"MaxFraction and ReleaseFraction", Options{MaxFraction: 0.5, ReleaseFraction: 0.1}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := onSim(sim.New(sim.Config{}))
 			o := c.opts
 			o.Backend = BackendVMM
 			p := openPool(t, d, o)
-			a, err := p.Alloc(30 * miB)
+			a, err := p.Alloc(300 * miB)
 			require.NoError(t, err)
 			s := p.Stats()
 			require.Equal(t, s.Reserved/(2*miB), creates(p), "a handle per page")
@@ -70,6 +70,49 @@ func TestCappedAndRecyclingPoolsMapOnePageHandles(t *testing.T) {
 			require.NoError(t, p.Free(a))
 		})
 	}
+}
+
+// mappings returns the pages of each mapping of a VMM pool, in address
+// order.
+func mappings(p *Pool) []uint64 {
+	h := p.heap.(*vmmHeap)
+	var out []uint64
+	for pg := uint64(0); pg < (h.end-h.base)/h.gran; pg++ {
+		if h.mapped[pg] && uint64(h.start[pg]) == pg {
+			out = append(out, h.mappingLen(pg))
+		}
+	}
+	return out
+}
+
+// A pool with no cap that recycles memory under ReleaseFraction f maps
+// handles of at most f/2 of its peak of memory in use (the request being
+// mapped included): one page while the peak is small, several once it is
+// large. Trim returns every byte.
+func TestReleaseFractionHandlesScaleWithThePeak(t *testing.T) {
+	d := onSim(sim.New(sim.Config{}))
+	p := openPool(t, d, Options{Backend: BackendVMM, ReleaseFraction: 0.1, GrowFraction: 1e-12, Cache: CacheOptions{Disable: true}})
+	a, err := p.Alloc(20 * miB) // f/2 of 20 MiB: 1 MiB, below a page
+	require.NoError(t, err)
+	assert.Equal(t, []uint64{1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, mappings(p))
+	b, err := p.Alloc(2 * giB) // f/2 of 2068 MiB: 103 MiB, 51 pages
+	require.NoError(t, err)
+	ms := mappings(p)[10:]
+	var pages uint64
+	for _, k := range ms {
+		assert.LessOrEqual(t, k, uint64(51))
+		pages += k
+	}
+	assert.Equal(t, uint64(1024), pages)
+	assert.Less(t, len(ms), 30, "handles of several pages: %v", ms)
+	assert.Equal(t, uint64(len(ms)+10), creates(p))
+	checkStep(t, p, d)
+	require.NoError(t, p.Free(a))
+	require.NoError(t, p.Free(b))
+	_, err = p.Trim()
+	require.NoError(t, err)
+	assert.Zero(t, p.Stats().Reserved)
+	checkStep(t, p, d)
 }
 
 // smallHandles is a device that refuses physical allocations above most
@@ -147,9 +190,10 @@ func TestAHandleIsSizedToTheDevicesFreeMemory(t *testing.T) {
 // capped pool's growth maps the interior of the block it is for in
 // handles of several pages (at most a 256th of the cap), not one page
 // each; alone on the device it maps one-page handles
-// (TestCappedAndRecyclingPoolsMapOnePageHandles), and so does a pool with
-// no cap that recycles under ReleaseFraction, shared or not. All return
-// every byte.
+// (TestCappedPoolsMapOnePageHandles). A pool with no cap that recycles
+// under ReleaseFraction, shared or not, maps handles of at most f/2 of its
+// peak (TestReleaseFractionHandlesScaleWithThePeak): here one page. All
+// return every byte.
 func TestACappedPoolGrowsInLargerHandlesOnASharedDevice(t *testing.T) {
 	for _, c := range []struct {
 		name     string
@@ -170,14 +214,9 @@ func TestACappedPoolGrowsInLargerHandlesOnASharedDevice(t *testing.T) {
 			p := openPool(t, d, o)
 			a, err := p.Alloc(200 * miB) // 100 pages
 			require.NoError(t, err)
-			h := p.heap.(*vmmHeap)
 			var handles, several uint64
-			for pg := uint64(0); pg < (h.end-h.base)/h.gran; pg++ {
-				if !h.mapped[pg] || uint64(h.start[pg]) != pg {
-					continue
-				}
-				k := h.mappingLen(pg)
-				assert.LessOrEqual(t, k, c.most, "mapping at page %d", pg)
+			for i, k := range mappings(p) {
+				assert.LessOrEqual(t, k, c.most, "mapping %d", i)
 				handles++
 				if k > 1 {
 					several++

@@ -99,15 +99,25 @@ type Options struct {
 	//
 	// Default 0: off. A VMM pool then keeps every page below the top of
 	// its range mapped, as PyTorch's expandable segments do (1.02–1.19 ×
-	// peak live on the shared traces), maps each growth as one physical
-	// allocation, and a training loop's steps make no driver call once the
-	// first has run. Above 0, physical memory is mapped 2 MiB at a time
-	// and moves between steps: on an H200 a page moved costs about 50 µs
-	// (cuMemUnmap, cuMemMap, cuMemSetAccess). Measured on the simulated
-	// H200 (2026-12-01, peak reserved over peak live after a cold and four
-	// warm replays; driver calls per operation in a warm replay): 0.03
-	// gave 1.038 (lstm, 0.42 calls), 1.023 (resnet50, none) and 1.031
-	// (tdnn, 0.66 calls); 0.01 gave 1.012 on resnet50 and tdnn.
+	// peak live on the shared traces, 1.29 on ResNet-50 inference at batch
+	// sizes 1–256), maps each growth as one physical allocation, and a
+	// training loop's steps make no driver call once the first has run.
+	// Above 0, a pool with no cap maps handles of at most f/2 of that peak
+	// (Pool.setFine; a capped pool: one page each), and memory moves
+	// between steps where fragmentation would otherwise grow the range: on
+	// an H200 a handle moved costs about 50 µs (cuMemUnmap, cuMemMap,
+	// cuMemSetAccess). Measured on the simulated H200 (2026-12-02, peak
+	// reserved over peak live after a cold and ten warm replays; the
+	// modelled driver time per operation of the cold replay · of a warm
+	// one), 0.05 · 0.03: lstm 1.050 (4.8 · 1.2 µs) · 1.030 (6.6 · 1.9 µs),
+	// resnet50 1.020 (0.3 · 0) · 1.020, tdnn 1.045 (3.4 · 2.3 µs) · 1.030
+	// (7.6 · 9.2 µs); on the traces in bench/traces, ResNet-50 inference
+	// 1.048 (4.6 · 0.9 µs) · 1.028 (6.5 · 1.6 µs), Llama 1.046 · 1.030,
+	// DeepLabV3 1.045 · 1.032, BERT, MobileNetV3 and ViT-B/16 as without
+	// (1.007, 1.003, 1.031); with one-page handles, as before, the same
+	// figures cost 10 to 20 times the driver time (lstm at 0.05: 54 · 2.4
+	// µs). Default off because a warm step that moves memory costs driver
+	// calls that a step on a pool keeping its memory does not make.
 	// Unused memory is returned under pressure either way
 	// (FreeFloorFraction, out of memory) and by Trim.
 	ReleaseFraction float64
@@ -165,6 +175,27 @@ type Options struct {
 	// operation warm against 35, 46 and 39 on a 2-core VM
 	// (BenchmarkPoolReplay's vmm and vmm-goodfit-c1m, medians of ten).
 	GoodFit bool
+
+	// Wilderness keeps a VMM pool's free top of the heap (the free block
+	// at the end of its mapped range, which a growth extends) for requests
+	// no other free block holds: the wilderness preservation heuristic
+	// (tlsf.Config.Wilderness). Default false: the top is a free block
+	// like any other, and best fit takes it when it is the tightest.
+	// Neither is better everywhere. Measured on the simulated H200
+	// (2026-12-02, peak reserved over peak live after a cold and four
+	// warm replays; default · Wilderness), on the shared traces: lstm
+	// 1.062 · 1.128, resnet50 1.020 · 1.020, tdnn 1.193 · 1.193; on six
+	// traces recorded later to test the pool on workloads it was not
+	// tuned on (bench/traces): ResNet-50 inference at batch 1–256 1.290 ·
+	// 1.151, BERT 1.006 · 1.007, DeepLabV3 1.045 · 1.045, Llama (bf16)
+	// 1.059 · 1.063, MobileNetV3 1.003 · 1.005, ViT-B/16 1.036 · 1.042;
+	// PyTorch's expandable segments on the H200: 1.120, 1.020, 1.204,
+	// 1.148, 1.004, 1.036, 1.068, 1.006, 1.034. Inference with batch
+	// sizes that vary widely is where it pays: there a small request
+	// splitting the top leaves the next large one neither a hole nor a
+	// top to grow from. Ignored by other backends. The TLSF_ALLOC_CONF
+	// key "wilderness" sets it.
+	Wilderness bool
 
 	// Cache configures the per-P small-block caches (see Cache).
 	Cache CacheOptions

@@ -63,6 +63,7 @@ func newPoolModel(rt *rapid.T, be Backend, cacheOff bool) *poolModel {
 		Cache:    CacheOptions{Disable: cacheOff},
 		// Growth in steps from a granule to a quarter of the device.
 		GrowFraction: rapid.SampledFrom([]float64{0, 1.0 / 64, 0.25}).Draw(rt, "GrowFraction"),
+		Wilderness:   rapid.Bool().Draw(rt, "Wilderness"),
 	}
 	return &poolModel{
 		sd: sd, d: d, p: openPool(rt, d, o),

@@ -123,7 +123,7 @@ func (p *Pool) releaseFor(size, align uint64) (uint64, error) {
 	if err := p.ss.syncDirty(); err != nil {
 		return 0, err
 	}
-	p.setFine()
+	p.setFine(need)
 	h, vmm := p.heap.(*vmmHeap)
 	if !vmm {
 		n, err := p.heap.release(need, false)
@@ -155,7 +155,7 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 	if err != nil {
 		return b, err
 	}
-	p.setFine()
+	p.setFine(b.Size)
 	need := h.unbacked(b)
 	if need > 0 {
 		b, need = p.placeMapped(h, b, need, alloc)

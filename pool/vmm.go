@@ -28,10 +28,11 @@ import (
 // by 34 MiB at a time pays for one handle, not 17. The price is release
 // granularity: cuMemUnmap must cover whole mappings, so a handle is
 // released only when all of its pages lie under free blocks. Where that
-// matters, the pool asks for one-page handles (fine): in a capped pool,
-// or one that recycles pages under ReleaseFraction, as the smallest
-// feasible cap needs memory to move at the finest granularity the driver
-// allows (Pool.setFine says when, and when not). Holes under a block
+// matters, the pool asks for one-page handles (fine): in a capped pool, as
+// the smallest feasible cap needs memory to move at the finest
+// granularity the driver allows; a pool that recycles memory under
+// ReleaseFraction with no cap asks for handles of at most a fraction of
+// its peak (releasePages). Pool.setFine says when, and when not. Holes under a block
 // mapped again while the heap is not fine get large handles inside the
 // block and one-page handles for its first and last page, which it may
 // share with its neighbours. On a device other processes share
@@ -63,6 +64,11 @@ type vmmHeap struct {
 	// their memory could go to another process before the mapping that
 	// follows asks for it again.
 	keepSmall bool
+	// releasePages, where above 0: the pool recycles memory under
+	// ReleaseFraction with no cap (Pool.setFine), new handles have at most
+	// releasePages pages, and one-page handles unmapped with keep become
+	// spares, as in a fine heap: the mapping that follows takes them.
+	releasePages uint64
 	// sharedPages, where at least 2: other processes hold much of the
 	// device (Pool.setShared, as of the pool's last growth), and a
 	// growth maps the interior of the block it is for in handles of up to
@@ -422,6 +428,9 @@ func (h *vmmHeap) handlePages() uint64 {
 	if h.fine {
 		return 1
 	}
+	if h.releasePages > 0 {
+		return h.releasePages
+	}
 	return maxHandlePages
 }
 
@@ -529,7 +538,7 @@ func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 		if p > first {
 			h.unmapWork++
 		}
-		if keep && (k > 1 || h.fine || h.keepSmall) {
+		if keep && (k > 1 || h.fine || h.keepSmall || h.releasePages > 0) {
 			h.pushSpare(h.handles[p], k)
 		} else {
 			if keep {

@@ -31,15 +31,18 @@ func (x *Index) Stats() Stats {
 }
 
 // LargestFree returns the size of the largest free block in bytes (0 when
-// none): the largest block of the highest non-empty list.
+// none): the largest block of the highest non-empty size-class list or of
+// the wilderness list (Config.Wilderness).
 func (x *Index) LargestFree() uint64 {
-	if x.flBitmap == 0 {
-		return 0
-	}
-	fl := uint(63 - bits.LeadingZeros64(x.flBitmap))
-	sl := uint(63 - bits.LeadingZeros64(x.slBitmap[fl]))
 	var largest uint64
-	for b := x.heads[listIndex(fl, sl)]; b != nilRec; b = x.blocks[b].nextFree {
+	if m := x.flBitmap &^ (1 << wildFL); m != 0 {
+		fl := uint(63 - bits.LeadingZeros64(m))
+		sl := uint(63 - bits.LeadingZeros64(x.slBitmap[fl]))
+		for b := x.heads[listIndex(fl, sl)]; b != nilRec; b = x.blocks[b].nextFree {
+			largest = max(largest, x.blocks[b].size)
+		}
+	}
+	for b := x.heads[wildList]; b != nilRec; b = x.blocks[b].nextFree {
 		largest = max(largest, x.blocks[b].size)
 	}
 	return largest
@@ -62,8 +65,10 @@ func (x *Index) Walk(fn func(Block) bool) {
 //   - the blocks of each region tile it exactly, in address order, with
 //     consistent links, each a non-zero multiple of the granularity;
 //   - no two adjacent blocks are both free;
-//   - every free block is in the list its size maps to, once; every listed
-//     block is free; the FL and SL bitmaps mark exactly the non-empty lists;
+//   - every free block is in the list its size maps to (a region's top
+//     block under Config.Wilderness: the wilderness list), once; every
+//     listed block is free; the FL and SL bitmaps mark exactly the
+//     non-empty lists;
 //   - the address table holds exactly the allocated blocks' starts;
 //   - allocated and free byte counts and block counts match a walk;
 //     regions are sorted and disjoint.
@@ -104,7 +109,7 @@ func (x *Index) Check() error {
 			if bk.free() {
 				nFree++
 				if !x.listed(b) {
-					return fail("free block %#x is not in list %v", bk.addr, x.listOf(bk.size))
+					return fail("free block %#x is not in list %v", bk.addr, x.listOf(bk))
 				}
 			} else {
 				if bk.nextFree != nilRec {
@@ -141,15 +146,15 @@ func (x *Index) Check() error {
 	return x.checkLists(nFree)
 }
 
-// listOf names the list of a free block of size bytes, for messages.
-func (x *Index) listOf(size uint64) [2]uint {
-	fl, sl := x.insert(size)
+// listOf names the list of free record bk, for messages.
+func (x *Index) listOf(bk *block) [2]uint {
+	fl, sl := x.listFor(bk)
 	return [2]uint{fl, sl}
 }
 
-// listed reports whether free record b is in the list its size maps to.
+// listed reports whether free record b is in its list (listFor).
 func (x *Index) listed(b uint32) bool {
-	fl, sl := x.insert(x.blocks[b].size)
+	fl, sl := x.listFor(&x.blocks[b])
 	for c := x.heads[listIndex(fl, sl)]; c != nilRec; c = x.blocks[c].nextFree {
 		if c == b {
 			return true
@@ -165,11 +170,22 @@ func (x *Index) checkLists(nFree int) error {
 		return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
 	}
 	listed := 0
+	fls := make([]uint, 0, x.numFL+1)
 	for fl := uint(0); fl < x.numFL; fl++ {
+		fls = append(fls, fl)
+	}
+	fls = append(fls, wildFL)
+	for _, fl := range fls {
 		if (x.flBitmap>>fl&1 == 1) != (x.slBitmap[fl] != 0) {
 			return fail("FL bitmap bit %d disagrees with SL bitmap %#x", fl, x.slBitmap[fl])
 		}
-		for sl := uint(0); sl < 1<<x.slLog2; sl++ {
+		for sl := uint(0); sl < 64; sl++ {
+			if fl == wildFL && sl != wildSL || fl != wildFL && sl >= 1<<x.slLog2 {
+				if x.slBitmap[fl]>>sl&1 == 1 || x.heads[listIndex(fl, sl)] != nilRec {
+					return fail("list (%d,%d), which no block maps to, is not empty", fl, sl)
+				}
+				continue
+			}
 			head := x.heads[listIndex(fl, sl)]
 			if (x.slBitmap[fl]>>sl&1 == 1) != (head != nilRec) {
 				return fail("SL bitmap bit (%d,%d) disagrees with its list", fl, sl)
@@ -180,8 +196,8 @@ func (x *Index) checkLists(nFree int) error {
 				if !bk.free() {
 					return fail("allocated block %#x in list (%d,%d)", bk.addr, fl, sl)
 				}
-				if f, s := x.insert(bk.size); f != fl || s != sl {
-					return fail("block %#x of %d bytes in list (%d,%d), maps to (%d,%d)", bk.addr, bk.size, fl, sl, f, s)
+				if f, s := x.listFor(bk); f != fl || s != sl {
+					return fail("block %#x of %d bytes in list (%d,%d), belongs in (%d,%d)", bk.addr, bk.size, fl, sl, f, s)
 				}
 				if bk.prevFree != prev {
 					return fail("block %#x: prevFree %d, expected %d", bk.addr, bk.prevFree, prev)
@@ -196,7 +212,7 @@ func (x *Index) checkLists(nFree int) error {
 	if listed != nFree {
 		return fail("%d blocks listed, %d free", listed, nFree)
 	}
-	if x.flBitmap>>x.numFL != 0 {
+	if x.flBitmap&^(1<<wildFL)>>x.numFL != 0 {
 		return fail("FL bitmap %#x has bits above %d", x.flBitmap, x.numFL)
 	}
 	return nil

@@ -51,7 +51,7 @@ func (x *Index) AllocFit(size uint64) (Block, error) {
 	r := (size + x.granMask) &^ x.granMask
 	b, i := x.findOwn(r)
 	if b == nilRec {
-		if b, i = x.findSuitable(x.roundUp(r)); b == nilRec {
+		if b, i = x.findSuitable(x.roundUp(r), r); b == nilRec {
 			return Block{}, ErrNoSpace
 		}
 		x.popHead(b, i)
@@ -91,29 +91,38 @@ func (x *Index) findOwn(r uint64) (uint32, uint) {
 // one byte above it rounds up past every free block of that list), or 0.
 // In O(1).
 func (x *Index) LargestAlloc() uint64 {
-	if x.flBitmap == 0 {
-		return 0
+	var largest uint64
+	if m := x.flBitmap &^ (1 << wildFL); m != 0 {
+		fl := uint(63 - bits.LeadingZeros64(m))
+		sl := uint(63 - bits.LeadingZeros64(x.slBitmap[fl&63]))
+		largest = x.classMin(fl, sl)
 	}
-	fl := uint(63 - bits.LeadingZeros64(x.flBitmap))
-	sl := uint(63 - bits.LeadingZeros64(x.slBitmap[fl&63]))
-	return x.classMin(fl, sl)
+	// A wilderness block of s bytes takes any request that rounds up to at
+	// most s: up to the lower bound of the list s maps to.
+	for b := x.heads[wildList]; b != nilRec; b = x.blocks[b].nextFree {
+		largest = max(largest, x.classMin(x.insert(x.blocks[b].size)))
+	}
+	return largest
 }
 
 // LargestFit returns the largest request AllocFit would accept now: the
 // size of the largest free block (AllocFit takes a block of exactly that
 // size from its own list, provided it is among the first FitScan), or 0.
 func (x *Index) LargestFit() uint64 {
-	if x.flBitmap == 0 {
-		return 0
-	}
-	fl := uint(63 - bits.LeadingZeros64(x.flBitmap))
-	sl := uint(63 - bits.LeadingZeros64(x.slBitmap[fl&63]))
-	i := listIndex(fl, sl)
 	var largest uint64
-	n := 0
-	for b := x.heads[i]; b != nilRec && n < FitScan; n++ {
+	if m := x.flBitmap &^ (1 << wildFL); m != 0 {
+		fl := uint(63 - bits.LeadingZeros64(m))
+		sl := uint(63 - bits.LeadingZeros64(x.slBitmap[fl&63]))
+		n := 0
+		for b := x.heads[listIndex(fl, sl)]; b != nilRec && n < FitScan; n++ {
+			largest = max(largest, x.blocks[b].size)
+			b = x.blocks[b].nextFree
+		}
+	}
+	// A request AllocFit finds no other block for takes the first
+	// wilderness block that holds it: any of them.
+	for b := x.heads[wildList]; b != nilRec; b = x.blocks[b].nextFree {
 		largest = max(largest, x.blocks[b].size)
-		b = x.blocks[b].nextFree
 	}
 	return largest
 }

@@ -33,6 +33,21 @@ type Config struct {
 	// two, 1 to MaxSLLog2 (default 5: 32 lists). More lists mean less
 	// rounding waste (below 1/2^SLLog2 of a block) and more empty lists.
 	SLLog2 uint
+	// Wilderness keeps the top block of each region, while it is free,
+	// out of the size-class lists, in a list of its own that a search
+	// takes a block from only when no size-class list at or above the
+	// request's holds one: the wilderness preservation heuristic (Korn
+	// and Vo, "In search of a better malloc", USENIX 1985; Wilson et al.,
+	// "Dynamic storage allocation: a survey and critical review", 1995,
+	// §3.5; dlmalloc's top chunk). For a region that grows at its end
+	// (GrowRegion: a pool's virtual heap), the free top then stays whole,
+	// and a request that finds no other block takes it together with the
+	// growth, instead of a small request splitting it and the next large
+	// one finding neither room there nor a top to grow from. Searching the
+	// wilderness list costs O(regions) where it is reached (the first of
+	// its blocks that fits); one region: O(1). Default false: every free
+	// block in the list of its size.
+	Wilderness bool
 }
 
 // nilRec marks a missing link between block records; allocMark, in
@@ -76,6 +91,7 @@ type Index struct {
 	mapping
 	gran  uint64
 	numFL uint
+	wild  bool // Config.Wilderness
 
 	flBitmap uint64 // bit fl set: some list (fl, ·) is non-empty
 	// The lists are laid out for the largest configuration, 64 first-level
@@ -118,6 +134,7 @@ func New(cfg Config) (*Index, error) {
 	x := &Index{
 		mapping: mapping{granLog2: g, slLog2: cfg.SLLog2, smallSize: 1 << (g + cfg.SLLog2), granMask: cfg.Granularity - 1},
 		gran:    cfg.Granularity,
+		wild:    cfg.Wilderness,
 	}
 	fl, _ := x.insert(MaxSize)
 	x.numFL = fl + 1
@@ -168,7 +185,7 @@ func (x *Index) Alloc(size uint64) (Block, error) {
 		return Block{}, x.checkSize(size)
 	}
 	r := x.roundUp(size)
-	b, i := x.findSuitable(r)
+	b, i := x.findSuitable(r, r)
 	if b == nilRec {
 		return Block{}, ErrNoSpace
 	}
@@ -216,7 +233,7 @@ func (x *Index) AllocAligned(size, align uint64) (Block, error) {
 	if need > MaxSize {
 		return Block{}, ErrNoSpace
 	}
-	b, i := x.findSuitable(x.roundUp(need))
+	b, i := x.findSuitable(x.roundUp(need), need)
 	if b == nilRec {
 		return Block{}, ErrNoSpace
 	}
@@ -298,7 +315,7 @@ func (x *Index) freeRecord(b uint32, addr uint64) Block {
 		}
 	}
 	// link, by hand: this is the hot path.
-	fl, sl := x.insert(bk.size)
+	fl, sl := x.listFor(bk)
 	i := listIndex(fl, sl)
 	head := x.heads[i]
 	bk.prevFree, bk.nextFree = nilRec, head
@@ -333,8 +350,10 @@ func (x *Index) public(b uint32) Block {
 // findSuitable returns the first block of the smallest non-empty list
 // whose class lower bound is at least size (a class boundary), with that
 // list's index fl<<slLog2|sl, or nilRec (TLSF §3.3: two find-first-set
-// operations).
-func (x *Index) findSuitable(size uint64) (b uint32, list uint) {
+// operations). Where that list is the wilderness list, whose blocks may
+// be of any size, the block is the first of it with at least need bytes,
+// moved to its head, or nilRec.
+func (x *Index) findSuitable(size, need uint64) (b uint32, list uint) {
 	fl, sl := x.insert(size)
 	slMap := x.slBitmap[fl&63] & (^uint64(0) << (sl & 63))
 	if slMap == 0 {
@@ -344,6 +363,9 @@ func (x *Index) findSuitable(size uint64) (b uint32, list uint) {
 			return nilRec, 0
 		}
 		fl = uint(bits.TrailingZeros64(flMap))
+		if fl == wildFL {
+			return x.fitWild(need), wildList
+		}
 		slMap = x.slBitmap[fl&63]
 	}
 	list = listIndex(fl, uint(bits.TrailingZeros64(slMap)))
@@ -422,10 +444,45 @@ func (x *Index) newRecord() uint32 {
 	return uint32(len(x.blocks) - 1)
 }
 
+// The wilderness list (Config.Wilderness) is list (wildFL, wildSL), which
+// no size maps to (sizes map to first-level indexes below numFL ≤ 48), so
+// that the bitmaps' find-first-set reaches it after every size-class list.
+const (
+	wildFL, wildSL = 63, 63
+	wildList       = wildFL<<6 | wildSL
+)
+
+// listFor returns the list of free record bk: the wilderness list for the
+// top block of a region under Config.Wilderness, else the list its size
+// maps to (mapping insert). A listed block's top-ness never changes while
+// it is listed: every cut and merge unlinks the blocks it changes first.
+func (x *Index) listFor(bk *block) (fl, sl uint) {
+	if x.wild && bk.nextPhys == nilRec {
+		return wildFL, wildSL
+	}
+	return x.insert(bk.size)
+}
+
+// fitWild returns the first block of the wilderness list with at least
+// need bytes, moved to the list's head (so that popHead takes it), or
+// nilRec. O(blocks in the list): one per region at most.
+func (x *Index) fitWild(need uint64) uint32 {
+	for b := x.heads[wildList]; b != nilRec; b = x.blocks[b].nextFree {
+		if x.blocks[b].size >= need {
+			if x.heads[wildList] != b {
+				x.unlink(b)
+				x.link(b)
+			}
+			return b
+		}
+	}
+	return nilRec
+}
+
 // link pushes free record b on the head of its list (mapping insert).
 func (x *Index) link(b uint32) {
 	bk := &x.blocks[b]
-	fl, sl := x.insert(bk.size)
+	fl, sl := x.listFor(bk)
 	i := listIndex(fl, sl)
 	head := x.heads[i]
 	bk.prevFree, bk.nextFree = nilRec, head
@@ -448,7 +505,7 @@ func (x *Index) unlink(b uint32) {
 	if prev != nilRec {
 		x.blocks[prev].nextFree = next
 	} else {
-		fl, sl := x.insert(bk.size)
+		fl, sl := x.listFor(bk)
 		x.heads[listIndex(fl, sl)] = next
 		if next == nilRec {
 			x.clearBit(fl, sl)

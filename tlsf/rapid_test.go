@@ -25,6 +25,7 @@ func newModel(t *rapid.T) *model {
 	cfg := Config{
 		Granularity: rapid.SampledFrom([]uint64{256, 512, 4096}).Draw(t, "granularity"),
 		SLLog2:      rapid.UintRange(1, MaxSLLog2).Draw(t, "slLog2"),
+		Wilderness:  rapid.Bool().Draw(t, "wilderness"),
 	}
 	x, err := New(cfg)
 	if err != nil {
@@ -204,6 +205,26 @@ func TestIndexAgainstModel(t *testing.T) {
 				}
 				if b.Size != r {
 					t.Fatalf("alloc %d: block of %d, want the rounded %d", size, b.Size, r)
+				}
+				m.afterAlloc(t, b, size, 1)
+			},
+			"alloc fit": func(t *rapid.T) {
+				size := m.drawSize(t)
+				r := (size + g - 1) / g * g
+				b, err := m.x.AllocFit(size)
+				if errors.Is(err, ErrNoSpace) {
+					// Only blocks of r's own list beyond the first FitScan
+					// may be missed.
+					if m.fitsSomewhere(m.x.roundUp(r)) {
+						t.Fatalf("alloc fit %d failed with a free block of %d", size, m.ref.Largest())
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if b.Size != r {
+					t.Fatalf("alloc fit %d: block of %d, want %d", size, b.Size, r)
 				}
 				m.afterAlloc(t, b, size, 1)
 			},

@@ -23,9 +23,12 @@ const (
 	// O(1) good fit) and its caches for blocks of 1 MiB and less: the
 	// default before best fit.
 	backendVMMGoodFit = "tlsf-vmm-goodfit"
+	// backendVMMWilderness is pool.BackendVMM with Options.Wilderness
+	// (the free top of the heap kept for requests nothing else holds).
+	backendVMMWilderness = "tlsf-vmm-wilderness"
 )
 
-var allBackends = []string{backendVMM, backendChunks, backendPassthrough, backendAsync, backendVMMGoodFit}
+var allBackends = []string{backendVMM, backendChunks, backendPassthrough, backendAsync, backendVMMGoodFit, backendVMMWilderness}
 
 // parseBackends splits a comma-separated --backend list, rejecting
 // unknown and repeated names.
@@ -80,16 +83,17 @@ func isOOM(err error) bool {
 
 // allocOptions are the pool options a backend is made with.
 type allocOptions struct {
-	capBytes    uint64  // pool.Options.MaxBytes; for async, the memory left free beside a filler (0: none)
-	maxFraction float64 // pool.Options.MaxFraction (0: default)
-	history     int     // pool.Options.History (0: off)
+	base        pool.Options // --conf: options the fields below and the backend override
+	capBytes    uint64       // pool.Options.MaxBytes; for async, the memory left free beside a filler (0: none)
+	maxFraction float64      // pool.Options.MaxFraction (0: default)
+	history     int          // pool.Options.History (0: off)
 }
 
 // newAllocator makes backend name on d.
 func newAllocator(d device.Device, name string, o allocOptions) (allocator, error) {
 	var be pool.Backend
 	switch name {
-	case backendVMM, backendVMMGoodFit:
+	case backendVMM, backendVMMGoodFit, backendVMMWilderness:
 		be = pool.BackendVMM
 	case backendChunks:
 		be = pool.BackendChunks
@@ -100,8 +104,19 @@ func newAllocator(d device.Device, name string, o allocOptions) (allocator, erro
 	default:
 		return nil, fmt.Errorf("unknown backend %q", name)
 	}
-	po := pool.Options{Backend: be, MaxBytes: o.capBytes, MaxFraction: o.maxFraction, History: o.history}
-	po.GoodFit = name == backendVMMGoodFit
+	po := o.base
+	po.Backend = be
+	if o.capBytes > 0 {
+		po.MaxBytes = o.capBytes
+	}
+	if o.maxFraction > 0 {
+		po.MaxFraction = o.maxFraction
+	}
+	if o.history > 0 {
+		po.History = o.history
+	}
+	po.GoodFit = po.GoodFit || name == backendVMMGoodFit
+	po.Wilderness = po.Wilderness || name == backendVMMWilderness
 	p, err := pool.New(d, po)
 	if err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/device/cuda"
 	"github.com/gpumem/tlsf/device/sim"
+	"github.com/gpumem/tlsf/pool"
 )
 
 // Device kinds, the values of --device.
@@ -26,6 +27,8 @@ type devices struct {
 	cuda *cuda.Device // when kind is deviceCUDA
 	sd   sim.Config   // when kind is deviceSim
 	note string       // why the simulated device was chosen, if it was not asked for
+	conf string       // --conf as given
+	pool pool.Options // --conf: every pool's options before the backend's own
 }
 
 // openDevices resolves --device: "cuda" opens GPU 0 and fails without one;
@@ -33,7 +36,7 @@ type devices struct {
 // simulated device where there is no driver or no GPU. shadow keeps the
 // simulated memory's contents (verification needs it).
 func openDevices(g *globalFlags, shadow bool) (*devices, error) {
-	ds := &devices{kind: g.device, sd: sim.Config{Shadow: shadow, Capacity: uint64(g.simCapacity), RealTime: g.simRealTime}}
+	ds := &devices{kind: g.device, sd: sim.Config{Shadow: shadow, Capacity: uint64(g.simCapacity), RealTime: g.simRealTime}, conf: g.conf, pool: g.pool}
 	if ds.kind == deviceSim {
 		return ds, nil
 	}

@@ -18,13 +18,16 @@
 // --sim-real-time (the simulated GPU's driver calls take their modelled
 // H200 durations in real time, outside its lock, so that multi's
 // simulated processes interleave as on a GPU: sim.Config.RealTime; runs
-// take longer). Byte counts take
+// take longer), and --conf KEY:VALUE,... (options of every pool
+// backend, in the syntax of TLSF_ALLOC_CONF and pool.ParseConf, such as
+// release_fraction:0.05 or wilderness:true; backend, device and
+// sim_capacity are other flags'). Byte counts take
 // the suffixes KiB, MiB, GiB, TiB (or K, M, G, T; binary). A cap written
 // with a decimal point, such as 0.5, is a fraction of the device's total
 // memory.
 //
 // Without arguments the command replays every embedded trace with all
-// four backends on the GPU, or on the simulated device where there is
+// its backends on the GPU, or on the simulated device where there is
 // none, finds each backend's smallest feasible cap (replay --min-cap),
 // and prints the table described below and one verdict line per trace:
 // our best pool backend's min cap over peak live against the best
@@ -60,6 +63,9 @@
 //	tlsf-vmm-goodfit  tlsf-vmm with pool.Options.GoodFit (TLSF's O(1) good
 //	              fit, per-P caches for blocks of 1 MiB and less: the
 //	              default before best fit)
+//	tlsf-vmm-wilderness  tlsf-vmm with pool.Options.Wilderness (the free
+//	              top of the heap kept for requests no other free block
+//	              holds)
 //
 // With --cap, the pools are made with pool.Options.MaxBytes; the driver's
 // pool has no cap of its own, so the async backend occupies the rest of
@@ -112,7 +118,8 @@
 //	trace                string   trace name ("resnet50")
 //	source               string   file, or data/NAME.trace.gz for an embedded trace
 //	format               string   "text", "pytorch-snapshot" or "rmm-csv"
-//	backend              string   tlsf-vmm, tlsf-chunks, passthrough, async or tlsf-vmm-goodfit
+//	backend              string   tlsf-vmm, tlsf-chunks, passthrough, async, tlsf-vmm-goodfit or tlsf-vmm-wilderness
+//	conf                 string   --conf as given; absent without it
 //	device               string   device name ("NVIDIA H200", "Simulated H200")
 //	device_kind          string   "cuda" or "sim"
 //	ops                  int      operations of the timed replay (failed allocations and their frees excluded)

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/gpumem/tlsf/internal/trace"
+	"github.com/gpumem/tlsf/pool"
 
 	"github.com/spf13/cobra"
 )
@@ -67,6 +68,26 @@ type globalFlags struct {
 	device      string   // "", "cuda" or "sim"
 	simCapacity sizeFlag // bytes of a simulated GPU; 0: an H200's
 	simRealTime bool     // the simulated GPU's calls take their modelled time (sim.Config.RealTime)
+	conf        string   // --conf: pool options, TLSF_ALLOC_CONF syntax
+	pool        pool.Options
+}
+
+// parseConf parses --conf: pool.ParseConf's keys except those other flags
+// set (backend, device, sim_capacity).
+func parseConf(s string) (pool.Options, error) {
+	for _, kv := range strings.Split(s, ",") {
+		switch k, _, _ := strings.Cut(kv, ":"); strings.TrimSpace(k) {
+		case "backend":
+			return pool.Options{}, usagef("--conf %q: the backend is --backend's", s)
+		case "device", "sim_capacity":
+			return pool.Options{}, usagef("--conf %q: the device is --device's and --sim-capacity's", s)
+		}
+	}
+	c, err := pool.ParseConf(s)
+	if err != nil {
+		return pool.Options{}, usagef("--conf: %v", err)
+	}
+	return c.Options, nil
 }
 
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -99,8 +120,13 @@ trace: our best pool backend against the best peer. It is 'replay --min-cap'.`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.device, "device", "", "cuda or sim (default: cuda where a CUDA driver and GPU are found, else sim)")
 	pf.Var(&g.simCapacity, "sim-capacity", "memory of the simulated GPU in bytes (suffixes KiB, MiB, GiB, TiB) (default: an H200's 143771 MiB)")
+	pf.StringVar(&g.conf, "conf", "", "options of every pool backend, as TLSF_ALLOC_CONF gives them to the C ABI (e.g. release_fraction:0.05,wilderness:true; pool.ParseConf's keys but backend, device and sim_capacity)")
 	pf.BoolVar(&g.simRealTime, "sim-real-time", false, "the simulated GPU's driver calls take their modelled H200 durations in real time, so that processes sharing it interleave as on a GPU")
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		var err error
+		if g.pool, err = parseConf(g.conf); err != nil {
+			return err
+		}
 		if g.simCapacity > 0 && g.simCapacity < minSimCapacity {
 			return usagef("--sim-capacity %d: below the simulated GPU's allocation granularity of %d bytes (2 MiB), no pool could map a page", uint64(g.simCapacity), minSimCapacity)
 		}

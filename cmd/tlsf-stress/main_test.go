@@ -102,7 +102,7 @@ func TestHelpExits0(t *testing.T) {
 // Optional fields are those of --min-cap, device_ns_per_op (sim only) and
 // first_error.
 var replaySchema = map[string]string{
-	"trace": "string", "source": "string", "format": "string", "backend": "string",
+	"trace": "string", "source": "string", "format": "string", "backend": "string", "conf": "string",
 	"device": "string", "device_kind": "string", "ops": "int",
 	"peak_live_bytes": "int", "peak_reserved_bytes": "int", "reserved_over_live": "number",
 	"cap_bytes": "int", "min_cap_bytes": "int", "min_cap_over_live": "number", "min_cap_runs": "int",
@@ -113,7 +113,7 @@ var replaySchema = map[string]string{
 
 var replayOptional = map[string]bool{
 	"min_cap_bytes": true, "min_cap_over_live": true, "min_cap_runs": true,
-	"device_ns_per_op": true, "cold_device_ns_per_op": true, "first_error": true,
+	"device_ns_per_op": true, "cold_device_ns_per_op": true, "first_error": true, "conf": true,
 }
 
 // checkSchema asserts that m has every required field of schema, no field
@@ -177,6 +177,32 @@ func TestReplayJSONSchema(t *testing.T) {
 		checkSchema(t, m, replaySchema, replayOptional)
 		assert.NotContains(t, m, "min_cap_bytes")
 		assert.NotContains(t, m, "min_cap_over_live")
+	}
+}
+
+// --conf gives every pool backend its options: ReleaseFraction bounds
+// reserved memory, and the JSON says which options ran; keys other flags
+// own and malformed ones are usage errors.
+func TestReplayConfSetsThePoolsOptions(t *testing.T) {
+	out, errs, status := cli(t, "replay", "--device", "sim", "--json", "--backend", "tlsf-vmm", "lstm")
+	require.Equal(t, exitOK, status, errs)
+	def := decodeReplay(t, out)[0]
+	assert.NotContains(t, jsonLines(t, out)[0], "conf")
+	out, errs, status = cli(t, "replay", "--device", "sim", "--json", "--conf", "release_fraction:0.02", "--backend", "tlsf-vmm,async", "lstm")
+	require.Equal(t, exitOK, status, errs)
+	rs := decodeReplay(t, out)
+	for i, m := range jsonLines(t, out) {
+		checkSchema(t, m, replaySchema, replayOptional)
+		assert.Equal(t, "release_fraction:0.02", m["conf"])
+		assert.Zero(t, rs[i].FailedAllocs)
+	}
+	assert.Less(t, rs[0].ReservedOverLive, def.ReservedOverLive, "ReleaseFraction 0.02 recycles memory the default keeps")
+	assert.LessOrEqual(t, rs[0].ReservedOverLive, 1.04)
+
+	for _, bad := range []string{"backend:chunks", "device:sim", "sim_capacity:1GiB", "release_fraction:2", "nokey:1"} {
+		_, errs, status := cli(t, "replay", "--device", "sim", "--conf", bad, "lstm")
+		assert.Equal(t, exitUsage, status, bad)
+		assert.Contains(t, errs, "--conf", bad)
 	}
 }
 
@@ -253,7 +279,7 @@ func TestDefaultReplaysEveryTraceWithMinCapAndVerdicts(t *testing.T) {
 			assert.Regexp(t, name+`\s+`+be+`\s+this run \(sim\)\s+`+fmt.Sprint(len(tr.Ops))+`\s+\d+\s+\d+\s+\d+\s+\d+\s+\d+\s+[\d.]+ GiB\s+[\d.]+\s+1\.\d{3}\s`, out)
 		}
 		assert.Regexp(t, name+`\s+peer torch\s+H200, baseline.json\s`, out)
-		assert.Regexp(t, `(?m)^verdict `+name+`: tlsf-(vmm|chunks|vmm-goodfit) min cap 1\.\d{3}× live vs 1\.\d{3}× for the best peer \(\S+, H200, baseline.json\): (lower|higher|equal)$`, out)
+		assert.Regexp(t, `(?m)^verdict `+name+`: tlsf-(vmm|chunks|vmm-goodfit|vmm-wilderness) min cap 1\.\d{3}× live vs 1\.\d{3}× for the best peer \(\S+, H200, baseline.json\): (lower|higher|equal)$`, out)
 	}
 	assert.Equal(t, len(trace.Names()), strings.Count(out, "verdict "))
 	assert.Contains(t, out, "our ns/op is host time only, not comparable with the peers' GPU")

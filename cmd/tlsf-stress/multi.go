@@ -158,6 +158,9 @@ func (o *childOpts) args(g *globalFlags, kind string) []string {
 	if g.simRealTime {
 		a = append(a, "--sim-real-time")
 	}
+	if g.conf != "" {
+		a = append(a, "--conf", g.conf)
+	}
 	return a
 }
 
@@ -225,7 +228,7 @@ func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts,
 		return res
 	}
 	cfg.share = uint64(o.fraction * float64(total))
-	a, err := newAllocator(dev, o.backend, allocOptions{maxFraction: o.fraction})
+	a, err := newAllocator(dev, o.backend, allocOptions{base: ds.pool, maxFraction: o.fraction})
 	if err != nil {
 		fail("%v", err)
 		return res

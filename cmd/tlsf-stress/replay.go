@@ -127,6 +127,7 @@ type replayResult struct {
 	Source            string            `json:"source"`
 	Format            string            `json:"format"`
 	Backend           string            `json:"backend"`
+	Conf              string            `json:"conf,omitempty"`
 	Device            string            `json:"device"`
 	DeviceKind        string            `json:"device_kind"`
 	Ops               int               `json:"ops"`
@@ -274,13 +275,13 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 	}
 	capBytes := o.cap.resolve(total)
 	r := &replayResult{
-		Trace: t.Name, Source: t.Source, Format: t.Format.String(), Backend: be,
+		Trace: t.Name, Source: t.Source, Format: t.Format.String(), Backend: be, Conf: ds.conf,
 		Device: dev.Name(), DeviceKind: ds.kind, PeakLiveBytes: t.PeakLive(), CapBytes: capBytes,
 	}
 	sd, _ := dev.(*sim.Device)
 	ct := replay.Compile(t)
 	var simT0, simT1 time.Duration
-	err = withAllocator(dev, t, be, allocOptions{capBytes: capBytes}, func(a replayAllocator) error {
+	err = withAllocator(dev, t, be, allocOptions{base: ds.pool, capBytes: capBytes}, func(a replayAllocator) error {
 		every := 0
 		if o.plot != "" {
 			every = max(1, len(t.Ops)/plotPoints)
@@ -359,7 +360,7 @@ func findMinCap(ds *devices, t *trace.Trace, be string, r *replayResult) error {
 		dev, release := ds.get()
 		defer release()
 		ok := false
-		err := withAllocator(dev, t, be, allocOptions{capBytes: capBytes}, func(a replayAllocator) error {
+		err := withAllocator(dev, t, be, allocOptions{base: ds.pool, capBytes: capBytes}, func(a replayAllocator) error {
 			res, _, err := replayTrace(ct, a, 0)
 			if err != nil {
 				return err

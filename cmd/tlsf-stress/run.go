@@ -232,7 +232,7 @@ func runRun(cmd *cobra.Command, g *globalFlags, o *runOpts) error {
 		return err
 	}
 	capBytes := o.cap.resolve(total)
-	a, err := newAllocator(dev, o.backend, allocOptions{capBytes: capBytes})
+	a, err := newAllocator(dev, o.backend, allocOptions{base: ds.pool, capBytes: capBytes})
 	if err != nil {
 		return err
 	}

@@ -30,6 +30,9 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 	fmt.Fprintf(w, "Rows measured %q come from this replay; rows measured %q are peers'\n", here, baselineSource)
 	fmt.Fprintln(w, "figures recorded on an NVIDIA H200 (internal/trace/data/baseline.json), peak live as the trace sizes it;")
 	fmt.Fprintln(w, "bench/peers/run.sh measures every peer side by side with this pool (bench/RESULTS.md).")
+	if ds.conf != "" {
+		fmt.Fprintf(w, "Pool backends ran with --conf %s.\n", ds.conf)
+	}
 	if sd {
 		fmt.Fprintln(w, "On the simulated device our ns/op is host time only, not comparable with the peers' GPU")
 		fmt.Fprintln(w, "times; drv ns/op is the modelled H200 driver time per op of the warm replays, cold drv ns/op")
@@ -130,7 +133,7 @@ func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.B
 		}
 		var best *replayResult
 		for _, r := range rs {
-			if r.Backend != backendVMM && r.Backend != backendChunks && r.Backend != backendVMMGoodFit {
+			if r.Backend != backendVMM && r.Backend != backendChunks && r.Backend != backendVMMGoodFit && r.Backend != backendVMMWilderness {
 				continue
 			}
 			if best == nil || ours(r) < ours(best) {
