@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"runtime"
 	"testing"
 
@@ -22,11 +23,13 @@ func newSimPool(tb testing.TB, o pool.Options) *pool.Pool {
 	return p
 }
 
-// BenchmarkPoolReplay replays each shared trace through a pool on the
-// simulated H200, caches on, for each pooled backend with default options,
-// for VMM with ReleaseFraction 0.03 ("vmm-rf0.03", the memory-tight
-// policy) and for VMM with GoodFit and its caches for blocks of 1 MiB and
-// less ("vmm-goodfit-c1m", the default before best fit). Metrics:
+// BenchmarkPoolReplay replays each shared trace, and those of
+// bench/traces (recorded after the policy was tuned), through a pool on
+// the simulated H200, caches on, for each pooled backend with default
+// options, for VMM with ReleaseFraction 0.03 ("vmm-rf0.03", the
+// memory-tight policy), for VMM with GoodFit and its caches for blocks of
+// 1 MiB and less ("vmm-goodfit-c1m", the default before best fit) and for
+// VMM with Wilderness ("vmm-wilderness"). Metrics:
 //   - reserved/live: peak reserved over peak live bytes, no cap, cold;
 //   - mincap/live: the smallest MaxBytes under which the replay has no
 //     failed allocation (bisection to 2 MiB), over peak live;
@@ -37,11 +40,8 @@ func newSimPool(tb testing.TB, o pool.Options) *pool.Pool {
 //     not slept. Compare with BenchmarkReplay's tlsf-harness variant;
 //   - calls/traceop: driver calls per operation, warm.
 func BenchmarkPoolReplay(b *testing.B) {
-	for _, name := range trace.Names() {
-		tr, err := trace.Load(name)
-		if err != nil {
-			b.Fatal(err)
-		}
+	for _, tr := range poolTraces(b) {
+		name := tr.Name
 		ct := replay.Compile(tr)
 		for _, cfg := range []struct {
 			name string
@@ -50,6 +50,7 @@ func BenchmarkPoolReplay(b *testing.B) {
 			{"vmm", pool.Options{Backend: pool.BackendVMM}},
 			{"vmm-rf0.03", pool.Options{Backend: pool.BackendVMM, ReleaseFraction: 0.03}},
 			{"vmm-goodfit-c1m", pool.Options{Backend: pool.BackendVMM, GoodFit: true}},
+			{"vmm-wilderness", pool.Options{Backend: pool.BackendVMM, Wilderness: true}},
 			{"chunks", pool.Options{Backend: pool.BackendChunks}},
 		} {
 			b.Run(name+"/"+cfg.name, func(b *testing.B) {
@@ -88,6 +89,27 @@ func BenchmarkPoolReplay(b *testing.B) {
 			})
 		}
 	}
+}
+
+// poolTraces returns the embedded traces, then those of bench/traces.
+func poolTraces(tb testing.TB) []*trace.Trace {
+	var out []*trace.Trace
+	for _, name := range trace.Names() {
+		tr, err := trace.Load(name)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out = append(out, tr)
+	}
+	files, _ := filepath.Glob("traces/*.trace.gz") // the pattern is valid
+	for _, f := range files {
+		tr, err := trace.ParseFile(f)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out = append(out, tr)
+	}
+	return out
 }
 
 // BenchmarkSmallAllocFree is one Alloc and one Free of a 4 KiB block on
