@@ -102,6 +102,9 @@ func poolTraces(tb testing.TB) []*trace.Trace {
 		out = append(out, tr)
 	}
 	files, _ := filepath.Glob("traces/*.trace.gz") // the pattern is valid
+	if len(files) == 0 {
+		tb.Fatal("no traces in bench/traces")
+	}
 	for _, f := range files {
 		tr, err := trace.ParseFile(f)
 		if err != nil {

@@ -81,6 +81,7 @@ func runIndex(t testing.TB, in []byte) {
 		// A raw configuration, valid or not.
 		cfg = tlsf.Config{Granularity: r.u64() >> (r.u8() % 64), SLLog2: uint(slByte % 9)}
 	}
+	cfg.Wilderness = cfgByte&0x40 != 0
 	x, err := tlsf.New(cfg)
 	if want := configError(cfg); want != nil || err != nil {
 		if !errors.Is(err, want) || want == nil {

@@ -102,22 +102,25 @@ type Options struct {
 	// peak live on the shared traces, 1.29 on ResNet-50 inference at batch
 	// sizes 1–256), maps each growth as one physical allocation, and a
 	// training loop's steps make no driver call once the first has run.
-	// Above 0, a pool with no cap maps handles of at most f/2 of that peak
-	// (Pool.setFine; a capped pool: one page each), and memory moves
-	// between steps where fragmentation would otherwise grow the range: on
-	// an H200 a handle moved costs about 50 µs (cuMemUnmap, cuMemMap,
-	// cuMemSetAccess). Measured on the simulated H200 (2026-12-02, peak
-	// reserved over peak live after a cold and ten warm replays; the
-	// modelled driver time per operation of the cold replay · of a warm
-	// one), 0.05 · 0.03: lstm 1.050 (4.8 · 1.2 µs) · 1.030 (6.6 · 1.9 µs),
-	// resnet50 1.020 (0.3 · 0) · 1.020, tdnn 1.045 (3.4 · 2.3 µs) · 1.030
-	// (7.6 · 9.2 µs); on the traces in bench/traces, ResNet-50 inference
-	// 1.048 (4.6 · 0.9 µs) · 1.028 (6.5 · 1.6 µs), Llama 1.046 · 1.030,
-	// DeepLabV3 1.045 · 1.032, BERT, MobileNetV3 and ViT-B/16 as without
-	// (1.007, 1.003, 1.031); with one-page handles, as before, the same
-	// figures cost 10 to 20 times the driver time (lstm at 0.05: 54 · 2.4
-	// µs). Default off because a warm step that moves memory costs driver
-	// calls that a step on a pool keeping its memory does not make.
+	// Above 0, a pool with no cap maps handles of at most f/2 of that peak,
+	// smaller once large ones kept it from moving memory (Pool.setFine; a
+	// capped pool: one page each), and memory moves between steps where
+	// fragmentation would otherwise grow the range: on an H200 a handle
+	// moved costs about 50 µs (cuMemUnmap, cuMemMap, cuMemSetAccess).
+	// Measured on the simulated H200 (2026-12-02, peak reserved over peak
+	// live after a cold and ten warm replays; the modelled driver time per
+	// operation of the cold replay · of a warm one), 0.05 · 0.03: lstm
+	// 1.050 (4.9 · 1.1 µs) · 1.030 (7.8 · 1.9 µs), resnet50 1.020 (0.3 · 0)
+	// · 1.020, tdnn 1.039 (7.8 · 4.7 µs) · 1.030 (11.8 · 11.0 µs); on the
+	// traces in bench/traces, ResNet-50 inference 1.035 (18.2 · 8.6 µs) ·
+	// 1.026 (15.7 · 7.4 µs), Llama 1.048 · 1.029, DeepLabV3 1.045 · 1.028,
+	// ViT-B/16 1.031 · 1.030, BERT and MobileNetV3 as without (1.007,
+	// 1.003); with one-page handles, as before, lstm and tdnn cost 5 to 11
+	// times that driver time cold and 2 to 7 times warm. Peak reserved
+	// stays within 1 + f of the peak in use on those traces at 0.01 and
+	// 0.05 (one case in 36 above: MobileNetV3 with GoodFit at 0.01, 1.015).
+	// Default off because a warm step that moves memory costs driver calls
+	// that a step on a pool keeping its memory does not make.
 	// Unused memory is returned under pressure either way
 	// (FreeFloorFraction, out of memory) and by Trim.
 	ReleaseFraction float64

@@ -642,18 +642,19 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	return p.search(size, align)
 }
 
-// setFine tells a VMM heap which handles to map next (vmm.go), k being
-// the bytes about to be mapped for the request at hand: under
+// setFine tells a VMM heap which handles to map next (vmm.go), k being the
+// bytes the request at hand adds to the memory in use (its block, the
+// growth's room, the bytes to move; New's initial reserve): under
 // ReleaseFraction f with no cap, handles of at most f/2 of the peak of
-// memory in use (vmmHeap.releasePages: releaseHandleDivisor); one-page
-// handles in a capped pool (MaxBytes, or MaxFraction below 1, and under
-// ReleaseFraction as well), whose memory must be
-// able to move at the finest granularity to fit under its cap; but not
-// while the capped pool is under pressure (an allocation failed in its
-// last recyclePressureAllocs), when it maps large handles and releases
-// the one-page handles it moves instead of keeping them (except those the
-// out-of-memory path's last move takes for a request within 90% of the
-// cap: Pool.releaseFor).
+// memory in use, k included (vmmHeap.releasePages: releaseHandleDivisor);
+// one-page handles in a capped pool (MaxBytes, or MaxFraction below 1;
+// with ReleaseFraction too, then even under pressure), whose memory must
+// be able to move at the finest granularity to fit under its cap; but not
+// while a capped pool without ReleaseFraction is under pressure (an
+// allocation failed in its last recyclePressureAllocs), when it maps large
+// handles and releases the one-page handles it moves instead of keeping
+// them (except those the out-of-memory path's last move takes for a
+// request within 90% of the cap: Pool.releaseFor).
 //
 // One-page handles from the start: measured on the shared traces
 // (simulated H200, smallest cap found by bisection to 2 MiB, over peak
@@ -690,26 +691,32 @@ func (p *Pool) setFine(k uint64) {
 	h.releasePages = 0
 	if f > 0 && !capped {
 		peak := max(p.c.activePeak, p.used()+k)
-		h.releasePages = min(maxHandlePages, max(1, uint64(f/releaseHandleDivisor*float64(peak))/h.gran))
+		h.releasePages = max(1, min(maxHandlePages, uint64(f/releaseHandleDivisor*float64(peak))/h.gran)>>min(h.releaseShift, 63))
 	}
 }
 
 // releaseHandleDivisor: under ReleaseFraction f (no cap), new handles hold
-// at most f/releaseHandleDivisor of the peak of memory in use, so that the
-// memory the pool moves to stay within (1 + f) × that peak moves at a
-// grain well below the excess f allows, while a growth costs a few
-// handles rather than one per page.
+// at most f/releaseHandleDivisor of the peak of memory in use, halved for
+// each move that could not keep reserved memory within (1 + f) × that
+// peak (vmmHeap.releaseShift): a handle moves only when no live block
+// touches it, and large ones partly under live blocks pin memory the line
+// counts on. So memory moves at a grain below the excess f allows where
+// it can, and a growth costs a few handles rather than one per page.
 //
-// Measured on the simulated H200 (2026-12-02, f = 0.05, peak reserved
-// over peak live after a cold and ten warm replays; the modelled driver
-// time per operation of the cold replay · of a warm one), handles of at
-// most f/8, f/2 and f of the peak: lstm 1.049 (11.5 · 1.9 µs), 1.050
-// (4.8 · 1.2 µs), 1.047 (3.8 · 0.8 µs); tdnn 1.050 (8.9 · 4.2 µs), 1.045
-// (3.4 · 2.3 µs), 1.053 (2.5 · 1.7 µs); ResNet-50 inference
-// (bench/traces) 1.035 (11.5 · 3.9 µs), 1.048 (4.6 · 0.9 µs), 1.066
-// (3.3 · 0.9 µs); handles of one page (before, a fine heap): 1.050 (54 ·
-// 2.4 µs), 1.049 (61 · 34 µs), 1.035 (21 · 9.0 µs); of up to 128 MiB:
-// 1.062 (1.7 · 0.01 µs), 1.063 (1.6 · 1.3 µs), 1.092 (1.3 · 0.6 µs).
+// Measured on the simulated H200 (2026-12-02, peak reserved over peak
+// live after a cold and ten warm replays; the modelled driver time per
+// operation of the cold replay · of a warm one), f = 0.05 · 0.03: lstm
+// 1.050 (4.9 · 1.1 µs) · 1.030 (7.8 · 1.9 µs), tdnn 1.039 (7.8 · 4.7 µs)
+// · 1.030 (11.8 · 11.0 µs), ResNet-50 inference (bench/traces) 1.035
+// (18.2 · 8.6 µs) · 1.026 (15.7 · 7.4 µs); with one-page handles (before):
+// 1.050 (54 · 2.4 µs) · 1.030 (58 · 7.3 µs), 1.049 (61 · 34 µs) · 1.029
+// (61 · 33 µs), 1.035 (21 · 9.0 µs) · 1.026 (22 · 9.5 µs). Peak reserved
+// over the peak in use, f = 0.01 and 0.05, with and without GoodFit, the
+// shared traces and bench/traces (two replays): within 1 + f in 35 of 36
+// cases (MobileNetV3 with GoodFit at 0.01: 1.015; before: vit with
+// GoodFit at 0.01, 1.011); without the halving, in 27, the worst 1.12 at
+// f = 0.05 (vit, GoodFit); with handles of f/32, in all 36, at three to
+// eight times these driver times.
 const releaseHandleDivisor = 2
 
 // sharedFraction: other processes holding at least this fraction of the
@@ -1160,10 +1167,17 @@ func (p *Pool) makeRoom(k uint64, growing bool) error {
 	// for holes under a block already placed, from anywhere (recycle).
 	var n uint64
 	var err error
-	if h, ok := p.heap.(*vmmHeap); ok && !growing {
+	h, vmm := p.heap.(*vmmHeap)
+	if vmm && !growing {
 		n, err = h.recycle(min(excess, unused, k))
 	} else {
 		n, err = p.heap.release(min(excess, unused, k), true)
+	}
+	if vmm && err == nil && h.releasePages > 1 && res+k-min(res+k, n) > max(line, p.c.reservedPeak) {
+		// Memory under free blocks lies in handles that live blocks
+		// still touch, and the mapping that follows sets a peak above
+		// the line: map smaller handles from now on (setFine).
+		h.releaseShift++
 	}
 	if p.backend == BackendChunks {
 		p.noteReleased(n)

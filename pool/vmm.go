@@ -54,9 +54,10 @@ type vmmHeap struct {
 	// fine: the next mappings use one-page handles, and one-page handles
 	// unmapped with keep become spares (set by the pool before it grows,
 	// backs or moves pages: Pool.setFine says when). Otherwise mappings
-	// use handles of up to maxHandlePages pages and one-page handles
-	// unmapped are released (unless keepSmall). Larger handles unmapped
-	// with keep become spares either way.
+	// use handles of up to maxHandlePages pages (releasePages under
+	// ReleaseFraction) and one-page handles unmapped are released (unless
+	// keepSmall or releasePages). Larger handles unmapped with keep become
+	// spares either way.
 	fine bool
 	// keepSmall: one-page handles unmapped with keep become spares even
 	// while not fine. The out-of-memory path sets it while it moves
@@ -69,6 +70,11 @@ type vmmHeap struct {
 	// releasePages pages, and one-page handles unmapped with keep become
 	// spares, as in a fine heap: the mapping that follows takes them.
 	releasePages uint64
+	// releaseShift halves releasePages once for each move that fell short
+	// of the line ReleaseFraction draws and set a peak above it
+	// (Pool.makeRoom): memory pinned in large handles partly under live
+	// blocks could not move.
+	releaseShift uint
 	// sharedPages, where at least 2: other processes hold much of the
 	// device (Pool.setShared, as of the pool's last growth), and a
 	// growth maps the interior of the block it is for in handles of up to
@@ -268,7 +274,8 @@ func (h *vmmHeap) grow(need, want uint64) error {
 // growthRange returns the pages [lo, hi) in which a growth from page
 // first that needs need bytes maps spares of several pages, and the most
 // pages of a new handle there (mapRun): all pages, with handles of up to
-// maxHandlePages where the heap is not fine and of one page where it is;
+// handlePages (maxHandlePages, or releasePages under ReleaseFraction)
+// where the heap is not fine and of one page where it is;
 // except on a shared device (sharedPages) while fine, where it is the
 // pages wholly inside the block the growth is for (placed at the bottom of
 // the heap's free top block, or at end), which are freed together, with
@@ -422,8 +429,9 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) 
 }
 
 // handlePages is the most pages of a new handle outside a shared growth's
-// block (growthRange): maxHandlePages, or one where the heap is fine and
-// must move memory at the finest grain.
+// block (growthRange): maxHandlePages; one where the heap is fine and must
+// move memory at the finest grain; releasePages under ReleaseFraction with
+// no cap.
 func (h *vmmHeap) handlePages() uint64 {
 	if h.fine {
 		return 1
@@ -521,8 +529,9 @@ func (h *vmmHeap) unmapRun(first, n uint64) error {
 
 // unmap unmaps pages [first, first+n), all mapped and made of whole
 // mappings, and releases their physical memory, or, with keep, keeps
-// their handles as spares: all of them while the heap is fine or
-// keepSmall, else those of more than one page (one-page handles are then
+// their handles as spares: all of them while the heap is fine, keepSmall
+// or sized by ReleaseFraction (releasePages), else those of more than one
+// page (one-page handles are then
 // released and counted in dropped, so that memory moved under pressure
 // ends up in large handles).
 func (h *vmmHeap) unmap(first, n uint64, keep bool) error {

@@ -87,9 +87,11 @@ func (x *Index) findOwn(r uint64) (uint32, uint) {
 }
 
 // LargestAlloc returns the largest request Alloc accepts now without
-// ErrNoSpace: the lower bound of the highest non-empty list (a request
-// one byte above it rounds up past every free block of that list), or 0.
-// In O(1).
+// ErrNoSpace: the lower bound of the highest non-empty size-class list (a
+// request one byte above it rounds up past every free block of that
+// list), or, where larger, that of the list the largest wilderness block
+// maps to (Config.Wilderness), or 0. In O(1), plus O(regions) under
+// Wilderness.
 func (x *Index) LargestAlloc() uint64 {
 	var largest uint64
 	if m := x.flBitmap &^ (1 << wildFL); m != 0 {

@@ -349,7 +349,7 @@ func (x *Index) public(b uint32) Block {
 
 // findSuitable returns the first block of the smallest non-empty list
 // whose class lower bound is at least size (a class boundary), with that
-// list's index fl<<slLog2|sl, or nilRec (TLSF §3.3: two find-first-set
+// list's index listIndex(fl, sl), or nilRec (TLSF §3.3: two find-first-set
 // operations). Where that list is the wilderness list, whose blocks may
 // be of any size, the block is the first of it with at least need bytes,
 // moved to its head, or nilRec.
@@ -479,7 +479,8 @@ func (x *Index) fitWild(need uint64) uint32 {
 	return nilRec
 }
 
-// link pushes free record b on the head of its list (mapping insert).
+// link pushes free record b on the head of its list (listFor: mapping
+// insert, or the wilderness list).
 func (x *Index) link(b uint32) {
 	bk := &x.blocks[b]
 	fl, sl := x.listFor(bk)
@@ -495,7 +496,7 @@ func (x *Index) link(b uint32) {
 }
 
 // unlink removes free record b from its list. Only a list's head needs the
-// list's index, computed from the size.
+// list's index, computed as link does (listFor).
 func (x *Index) unlink(b uint32) {
 	bk := &x.blocks[b]
 	prev, next := bk.prevFree, bk.nextFree

@@ -128,7 +128,8 @@ func (x *Index) AddRegion(base, size uint64) error {
 
 // GrowRegion extends the region that starts at base by extra bytes at its
 // end. A free block at the region's top grows to cover them (and moves to
-// its new list); otherwise they become a new free block.
+// its new list; under Config.Wilderness it stays in the wilderness list);
+// otherwise they become a new free block.
 //
 // Errors: ErrBadRegion (no region starts at base; extra misaligned or zero;
 // the region would exceed MaxSize or wrap), ErrRegionOverlap (the growth

@@ -9,7 +9,8 @@ sequence length or image size drawn from a seeded schedule: the pattern
 that makes exact-size caching fragment), and writes
 NAME.snapshot.pickle.gz (gzip of torch.cuda.memory._snapshot()), which
 tlsf-stress replays as a trace and bench/peers/run.sh replays through
-every peer. Random weights, no network.
+every peer; `tlsf-stress export --text` converts it to the text format of
+bench/traces. Random weights, no network.
 
 Workloads:
   - vit: torchvision ViT-B/16 training, SGD, batch 8-96 at 224x224;

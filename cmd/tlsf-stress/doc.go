@@ -119,7 +119,7 @@
 //	source               string   file, or data/NAME.trace.gz for an embedded trace
 //	format               string   "text", "pytorch-snapshot" or "rmm-csv"
 //	backend              string   tlsf-vmm, tlsf-chunks, passthrough, async, tlsf-vmm-goodfit or tlsf-vmm-wilderness
-//	conf                 string   --conf as given; absent without it
+//	conf                 string   --conf as given, on pool backends' objects; absent without it
 //	device               string   device name ("NVIDIA H200", "Simulated H200")
 //	device_kind          string   "cuda" or "sim"
 //	ops                  int      operations of the timed replay (failed allocations and their frees excluded)
@@ -186,7 +186,8 @@
 // lines every --progress-interval otherwise. Out-of-memory errors are
 // counted, not failures.
 //
-// run --json prints one object: device, device_kind, backend, goroutines,
+// run --json prints one object: device, device_kind, backend, conf (--conf
+// as given, for a pool backend; absent without it), goroutines,
 // stream, verify, ops, allocs, frees, out_of_memory, elapsed_s, ops_per_s,
 // verified_blocks, verified_bytes, peak_live_bytes, peak_reserved_bytes,
 // cap_bytes, device_calls and device_calls_by_name (the allocator's),

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -35,6 +36,7 @@ type exportResult struct {
 
 func newExportCmd() *cobra.Command {
 	var dir string
+	var text exportText
 	cmd := &cobra.Command{
 		Use:   "export [--out DIR] TRACE...",
 		Short: "Write traces as dense op lists for replayers outside Go (bench/peers)",
@@ -52,20 +54,39 @@ and reused only after its block is freed (freed slots are reused last in,
 first out). STREAM < STREAMS: 0 is the trace's stream 0 (the default
 stream), 1, 2, ... its other streams in order of first use. PEAK_LIVE is
 the peak of live bytes (trace.PeakLive). Blocks the trace leaves live have
-no f record. One JSON object per trace is printed on stdout.`,
+no f record. One JSON object per trace is printed on stdout.
+
+With --text, each TRACE is written instead to DIR/NAME.trace.gz in this
+project's text trace format (gzip; the format of the embedded traces, which
+replay reads back to the same ops), after a '#' line per --comment: how
+a PyTorch snapshot becomes a trace of bench/traces.`,
 		Args: wrapArgs(cobra.ArbitraryArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				args = trace.Names()
 			}
-			return runExport(cmd.OutOrStdout(), dir, args)
+			return runExport(cmd.OutOrStdout(), dir, args, text)
 		},
 	}
 	cmd.Flags().StringVarP(&dir, "out", "o", ".", "write the op lists into `DIR` (created if missing)")
+	cmd.Flags().BoolVar(&text.on, "text", false, "write NAME.trace.gz in the text trace format instead of NAME.ops")
+	cmd.Flags().StringArrayVar(&text.comments, "comment", nil, "with --text, a comment line to write first (repeatable)")
 	return cmd
 }
 
-func runExport(out io.Writer, dir string, args []string) error {
+// exportText is --text and its --comment lines.
+type exportText struct {
+	on       bool
+	comments []string
+}
+
+func runExport(out io.Writer, dir string, args []string, text exportText) error {
+	ext := ".ops"
+	if text.on {
+		ext = ".trace.gz"
+	} else if len(text.comments) > 0 {
+		return usagef("--comment needs --text")
+	}
 	traces := make([]*trace.Trace, 0, len(args))
 	seen := map[string]string{}
 	for _, a := range args {
@@ -74,7 +95,7 @@ func runExport(out io.Writer, dir string, args []string) error {
 			return err
 		}
 		if prev, dup := seen[t.Name]; dup {
-			return usagef("traces %s and %s would both be written to %s.ops: rename one", prev, a, t.Name)
+			return usagef("traces %s and %s would both be written to %s%s: rename one", prev, a, t.Name, ext)
 		}
 		seen[t.Name] = a
 		traces = append(traces, t)
@@ -84,8 +105,12 @@ func runExport(out io.Writer, dir string, args []string) error {
 	}
 	enc := json.NewEncoder(out)
 	for _, t := range traces {
-		file := filepath.Join(dir, t.Name+".ops")
-		r, err := writeOpsFile(file, t)
+		file := filepath.Join(dir, t.Name+ext)
+		write := writeOpsFile
+		if text.on {
+			write = func(file string, t *trace.Trace) (*exportResult, error) { return writeTextFile(file, t, text.comments) }
+		}
+		r, err := write(file, t)
 		if err != nil {
 			return err
 		}
@@ -112,6 +137,31 @@ func writeOpsFile(file string, t *trace.Trace) (*exportResult, error) {
 	}
 	r.File = file
 	return r, nil
+}
+
+// writeTextFile writes t to file in the text trace format, gzipped, its
+// comments replaced by comments. Slots and streams are left 0.
+func writeTextFile(file string, t *trace.Trace, comments []string) (*exportResult, error) {
+	c := *t
+	c.Comments = comments
+	f, err := os.Create(file)
+	if err != nil {
+		return nil, err
+	}
+	zw := gzip.NewWriter(f)
+	err = trace.WriteText(zw, &c)
+	if cerr := zw.Close(); err == nil {
+		err = cerr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(file)
+		return nil, fmt.Errorf("export %s: %w", file, err)
+	}
+	return &exportResult{Trace: t.Name, Source: t.Source, Format: t.Format.String(), File: file, Ops: len(t.Ops),
+		Allocs: t.Allocs(), Frees: t.Frees(), PeakLiveBytes: t.PeakLive(), Skipped: t.Skipped}, nil
 }
 
 // writeOps writes t as an op list to w. The trace must satisfy Check

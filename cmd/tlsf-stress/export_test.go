@@ -129,6 +129,32 @@ func TestExportAcceptsEveryFormat(t *testing.T) {
 	}
 }
 
+// export --text writes any trace in the text format, gzipped, with the
+// comments asked for: a PyTorch snapshot becomes a trace that parses back
+// to the same ops (how bench/traces was made).
+func TestExportTextWritesTheTextFormat(t *testing.T) {
+	dir := t.TempDir()
+	snap := "../../internal/trace/data/tdnn.snapshot.pickle.gz"
+	out, errs, status := cli(t, "export", "--text", "--comment", "workload=tdnn steps=30", "--comment", "second", "-o", dir, snap, "lstm")
+	require.Equal(t, exitOK, status, errs)
+	lines := jsonLines(t, out)
+	require.Len(t, lines, 2)
+	for i, want := range []string{snap, "lstm"} {
+		src, err := loadTrace(want)
+		require.NoError(t, err)
+		file := filepath.Join(dir, src.Name+".trace.gz")
+		assert.Equal(t, file, lines[i]["file"])
+		got, err := trace.ParseFile(file)
+		require.NoError(t, err)
+		assert.Equal(t, src.Ops, got.Ops)
+		assert.Equal(t, []string{"workload=tdnn steps=30", "second"}, got.Comments)
+		assert.Equal(t, "text", got.Format.String())
+	}
+	_, errs, status = cli(t, "export", "--comment", "x", "-o", dir, "lstm")
+	assert.Equal(t, exitUsage, status)
+	assert.Contains(t, errs, "--text")
+}
+
 func TestExportRefusesBadInput(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.trace")

@@ -72,15 +72,19 @@ type globalFlags struct {
 	pool        pool.Options
 }
 
-// parseConf parses --conf: pool.ParseConf's keys except those other flags
-// set (backend, device, sim_capacity).
+// parseConf parses --conf: pool.ParseConf's keys except those that other
+// flags set or that change what a backend is (backend, passthrough:
+// --backend; device, sim_capacity: --device, --sim-capacity; max_bytes,
+// max_fraction: --cap, and multi's --fraction).
 func parseConf(s string) (pool.Options, error) {
 	for _, kv := range strings.Split(s, ",") {
 		switch k, _, _ := strings.Cut(kv, ":"); strings.TrimSpace(k) {
-		case "backend":
+		case "backend", "passthrough":
 			return pool.Options{}, usagef("--conf %q: the backend is --backend's", s)
 		case "device", "sim_capacity":
 			return pool.Options{}, usagef("--conf %q: the device is --device's and --sim-capacity's", s)
+		case "max_bytes", "max_fraction":
+			return pool.Options{}, usagef("--conf %q: the cap is --cap's (multi: --fraction's)", s)
 		}
 	}
 	c, err := pool.ParseConf(s)
@@ -120,10 +124,11 @@ trace: our best pool backend against the best peer. It is 'replay --min-cap'.`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.device, "device", "", "cuda or sim (default: cuda where a CUDA driver and GPU are found, else sim)")
 	pf.Var(&g.simCapacity, "sim-capacity", "memory of the simulated GPU in bytes (suffixes KiB, MiB, GiB, TiB) (default: an H200's 143771 MiB)")
-	pf.StringVar(&g.conf, "conf", "", "options of every pool backend, as TLSF_ALLOC_CONF gives them to the C ABI (e.g. release_fraction:0.05,wilderness:true; pool.ParseConf's keys but backend, device and sim_capacity)")
+	pf.StringVar(&g.conf, "conf", "", "options of every pool backend, as TLSF_ALLOC_CONF gives them to the C ABI (e.g. release_fraction:0.05,wilderness:true; pool.ParseConf's keys but backend, passthrough, device, sim_capacity, max_bytes and max_fraction, which other flags set)")
 	pf.BoolVar(&g.simRealTime, "sim-real-time", false, "the simulated GPU's driver calls take their modelled H200 durations in real time, so that processes sharing it interleave as on a GPU")
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
 		var err error
+		g.conf = strings.TrimSpace(g.conf)
 		if g.pool, err = parseConf(g.conf); err != nil {
 			return err
 		}

@@ -188,18 +188,25 @@ func TestReplayConfSetsThePoolsOptions(t *testing.T) {
 	require.Equal(t, exitOK, status, errs)
 	def := decodeReplay(t, out)[0]
 	assert.NotContains(t, jsonLines(t, out)[0], "conf")
-	out, errs, status = cli(t, "replay", "--device", "sim", "--json", "--conf", "release_fraction:0.02", "--backend", "tlsf-vmm,async", "lstm")
+	out, errs, status = cli(t, "replay", "--device", "sim", "--json", "--conf", " release_fraction:0.02 ", "--backend", "tlsf-vmm,async", "lstm")
 	require.Equal(t, exitOK, status, errs)
 	rs := decodeReplay(t, out)
 	for i, m := range jsonLines(t, out) {
 		checkSchema(t, m, replaySchema, replayOptional)
-		assert.Equal(t, "release_fraction:0.02", m["conf"])
+		if rs[i].Backend == backendAsync {
+			assert.NotContains(t, m, "conf", "the driver's pool takes no pool options")
+		} else {
+			assert.Equal(t, "release_fraction:0.02", m["conf"])
+		}
 		assert.Zero(t, rs[i].FailedAllocs)
 	}
+	out, errs, status = cli(t, "run", "--device", "sim", "--json", "--ops", "2000", "--conf", "wilderness:true")
+	require.Equal(t, exitOK, status, errs)
+	assert.Equal(t, "wilderness:true", jsonLines(t, out)[0]["conf"])
 	assert.Less(t, rs[0].ReservedOverLive, def.ReservedOverLive, "ReleaseFraction 0.02 recycles memory the default keeps")
 	assert.LessOrEqual(t, rs[0].ReservedOverLive, 1.04)
 
-	for _, bad := range []string{"backend:chunks", "device:sim", "sim_capacity:1GiB", "release_fraction:2", "nokey:1"} {
+	for _, bad := range []string{"backend:chunks", "passthrough:true", "device:sim", "sim_capacity:1GiB", "max_bytes:1GiB", "max_fraction:0.5", "release_fraction:2", "nokey:1"} {
 		_, errs, status := cli(t, "replay", "--device", "sim", "--conf", bad, "lstm")
 		assert.Equal(t, exitUsage, status, bad)
 		assert.Contains(t, errs, "--conf", bad)

@@ -221,12 +221,14 @@ func runPeer(cmd *cobra.Command, g *globalFlags, o *runOpts, ords []int) error {
 	for _, d := range pd.devs {
 		byOrd[d.Ordinal()] = d
 	}
+	po := g.pool // --conf
+	po.Backend, po.MaxBytes, po.PeerAccess = be, o.cap.resolve(total), peers
 	ps, err := pool.NewDevicesOn(func(k int) (device.Device, error) {
 		if d := byOrd[k]; d != nil {
 			return d, nil
 		}
 		return nil, device.ErrNoDevice
-	}, pool.Options{Backend: be, MaxBytes: o.cap.resolve(total), PeerAccess: peers})
+	}, po)
 	if err != nil {
 		return err
 	}

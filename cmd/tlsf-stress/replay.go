@@ -275,8 +275,11 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 	}
 	capBytes := o.cap.resolve(total)
 	r := &replayResult{
-		Trace: t.Name, Source: t.Source, Format: t.Format.String(), Backend: be, Conf: ds.conf,
+		Trace: t.Name, Source: t.Source, Format: t.Format.String(), Backend: be,
 		Device: dev.Name(), DeviceKind: ds.kind, PeakLiveBytes: t.PeakLive(), CapBytes: capBytes,
+	}
+	if be != backendAsync {
+		r.Conf = ds.conf // --conf applies to pool backends only
 	}
 	sd, _ := dev.(*sim.Device)
 	ct := replay.Compile(t)

@@ -173,6 +173,7 @@ type runResult struct {
 	Device              string            `json:"device"`
 	DeviceKind          string            `json:"device_kind"`
 	Backend             string            `json:"backend"`
+	Conf                string            `json:"conf,omitempty"`
 	Goroutines          int               `json:"goroutines"`
 	Stream              string            `json:"stream"`
 	Verify              string            `json:"verify"`
@@ -264,7 +265,12 @@ func runRun(cmd *cobra.Command, g *globalFlags, o *runOpts) error {
 // runResult. The allocator must still be open.
 func summarize(ds *devices, dev device.Device, a allocator, w *workloadFlags, rep *stressReport) *runResult {
 	problems, errs, opsPerSecond := rep.outcome()
+	conf := ds.conf // pool backends only
+	if w.backend == backendAsync {
+		conf = ""
+	}
 	res := &runResult{
+		Conf:   conf,
 		Device: dev.Name(), DeviceKind: ds.kind, Backend: w.backend, Goroutines: w.goroutines,
 		Stream: w.stream, Verify: w.verify,
 		Ops: rep.Ops, Allocs: rep.Allocs, Frees: rep.Frees, OutOfMemory: rep.OOMs,

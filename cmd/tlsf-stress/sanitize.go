@@ -118,7 +118,7 @@ func runSanitize(cmd *cobra.Command, g *globalFlags, o *sanitizeOpts) error {
 	}
 	failed := false
 	for _, c := range cases {
-		if err := sanitizeCase(out, d, st, be, c, uint64(o.size), uint64(o.guard)); err != nil {
+		if err := sanitizeCase(out, d, st, ds.pool, be, c, uint64(o.size), uint64(o.guard)); err != nil {
 			fmt.Fprintf(out, "sanitize: %s: FAILED: %v\n", c, err)
 			failed = true
 		}
@@ -130,8 +130,9 @@ func runSanitize(cmd *cobra.Command, g *globalFlags, o *sanitizeOpts) error {
 }
 
 // sanitizeCase runs one case on a pool of its own.
-func sanitizeCase(out io.Writer, d device.Device, st device.ByteStorer, be pool.Backend, c string, size, guard uint64) error {
-	o := pool.Options{Backend: be}
+func sanitizeCase(out io.Writer, d device.Device, st device.ByteStorer, base pool.Options, be pool.Backend, c string, size, guard uint64) error {
+	o := base // --conf
+	o.Backend = be
 	if c == "guard" {
 		o.Guard = guard
 	}
