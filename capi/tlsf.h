@@ -151,10 +151,11 @@ void tlsf_record_stream(void* ptr, void* stream);
  * (bytes: the largest request the caches serve, default 4KiB, 1MiB with
  * good_fit), good_fit (true|false: TLSF's O(1) good fit instead of the
  * default best fit within the request's own list), wilderness
- * (true|false: keep the free top of the heap for requests no other free
- * block holds; lower peaks for inference at widely varying batch sizes),
- * passthrough (true|false), guard (bytes of red zone after every block, checked on
- * free), history (events kept for snapshots), history_stacks
+ * (true|false, backend vmm only: keep the free top of the heap for
+ * requests no other free block holds; lower peaks for inference at widely
+ * varying batch sizes), passthrough (true|false), guard (bytes of red
+ * zone after every block, checked on free), history (events kept for
+ * snapshots), history_stacks
  * (true|false). Bytes: an integer, or a number and a unit KiB, MiB, GiB,
  * TiB (powers of 1024), KB, MB, GB, TB (powers of 1000) or B.
  * Returns 0 on success; -1 on failure (conf NULL or malformed: an unknown

@@ -103,8 +103,9 @@ type Options struct {
 	// sizes 1–256), maps each growth as one physical allocation, and a
 	// training loop's steps make no driver call once the first has run.
 	// Above 0, a pool with no cap maps handles of at most f/2 of that peak,
-	// smaller once large ones kept it from moving memory (Pool.setFine; a
-	// capped pool: one page each), and memory moves between steps where
+	// halved each time large ones kept it from moving enough memory (a
+	// pool with a cap as well maps one-page handles: on lstm and tdnn 7 to
+	// 11 times the driver time below), and memory moves between steps where
 	// fragmentation would otherwise grow the range: on an H200 a handle
 	// moved costs about 50 µs (cuMemUnmap, cuMemMap, cuMemSetAccess).
 	// Measured on the simulated H200 (2026-12-02, peak reserved over peak
@@ -191,7 +192,10 @@ type Options struct {
 	// traces recorded later to test the pool on workloads it was not
 	// tuned on (bench/traces): ResNet-50 inference at batch 1–256 1.290 ·
 	// 1.151, BERT 1.006 · 1.007, DeepLabV3 1.045 · 1.045, Llama (bf16)
-	// 1.059 · 1.063, MobileNetV3 1.003 · 1.005, ViT-B/16 1.036 · 1.042;
+	// 1.059 · 1.063, MobileNetV3 1.003 · 1.005, ViT-B/16 1.036 · 1.042
+	// (on the H200, Llama and ViT-B/16 1.063 · 1.058 and 1.036 · 1.034:
+	// with per-P caches on many cores these figures move by up to 0.8%
+	// from run to run);
 	// PyTorch's expandable segments on the H200: 1.120, 1.020, 1.204,
 	// 1.148, 1.004, 1.036, 1.068, 1.006, 1.034. Inference with batch
 	// sizes that vary widely is where it pays: there a small request

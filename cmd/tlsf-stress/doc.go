@@ -20,9 +20,12 @@
 // simulated processes interleave as on a GPU: sim.Config.RealTime; runs
 // take longer), and --conf KEY:VALUE,... (options of every pool
 // backend, in the syntax of TLSF_ALLOC_CONF and pool.ParseConf, such as
-// release_fraction:0.05 or wilderness:true; backend, device and
-// sim_capacity are other flags'). Byte counts take
-// the suffixes KiB, MiB, GiB, TiB (or K, M, G, T; binary). A cap written
+// release_fraction:0.05 or wilderness:true, the keys capi/tlsf.h lists
+// for tlsf_configure; backend and passthrough are --backend's, device and
+// sim_capacity --device's and --sim-capacity's, max_bytes and max_fraction
+// --cap's and multi's --fraction's; a backend's name wins over a key it
+// sets, as tlsf-vmm-goodfit's GoodFit; export makes no pool and ignores
+// it). Byte counts take the suffixes KiB, MiB, GiB, TiB (or K, M, G, T; binary). A cap written
 // with a decimal point, such as 0.5, is a fraction of the device's total
 // memory.
 //
@@ -142,6 +145,7 @@
 //	failed_allocs        int      allocations that failed in the first replay
 //	warm_failed_allocs   int      allocations that failed in the warm replays
 //	first_error          string   the first allocation error, if any (omitted otherwise)
+//	skipped_records      int      records of the trace its parser ignored (frees of no live block, zero-byte allocations: a snapshot begun mid-run)
 //
 // # export
 //

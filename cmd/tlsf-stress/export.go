@@ -38,7 +38,7 @@ func newExportCmd() *cobra.Command {
 	var dir string
 	var text exportText
 	cmd := &cobra.Command{
-		Use:   "export [--out DIR] TRACE...",
+		Use:   "export [--out DIR] [--text [--comment LINE]...] [TRACE...]",
 		Short: "Write traces as dense op lists for replayers outside Go (bench/peers)",
 		Long: `Write each TRACE (a file in any format replay reads, or an embedded trace's
 name; none: every embedded trace) to DIR/NAME.ops, an op list in which blocks
@@ -58,8 +58,10 @@ no f record. One JSON object per trace is printed on stdout.
 
 With --text, each TRACE is written instead to DIR/NAME.trace.gz in this
 project's text trace format (gzip; the format of the embedded traces, which
-replay reads back to the same ops), after a '#' line per --comment: how
-a PyTorch snapshot becomes a trace of bench/traces.`,
+replay reads back to the same ops), after a '#' line per --comment, or, with
+no --comment, the trace's own comment lines: how a PyTorch snapshot becomes a
+trace of bench/traces. Its JSON object has slots and streams 0. A file is
+never written over one of the TRACE files read.`,
 		Args: wrapArgs(cobra.ArbitraryArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
@@ -99,6 +101,18 @@ func runExport(out io.Writer, dir string, args []string, text exportText) error 
 		}
 		seen[t.Name] = a
 		traces = append(traces, t)
+	}
+	inputs := map[string]bool{}
+	for _, a := range args {
+		if abs, err := filepath.Abs(a); err == nil {
+			inputs[abs] = true
+		}
+	}
+	for _, t := range traces {
+		file := filepath.Join(dir, t.Name+ext)
+		if abs, err := filepath.Abs(file); err == nil && inputs[abs] {
+			return usagef("export would write %s over the trace it reads: give another --out", file)
+		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -140,10 +154,13 @@ func writeOpsFile(file string, t *trace.Trace) (*exportResult, error) {
 }
 
 // writeTextFile writes t to file in the text trace format, gzipped, its
-// comments replaced by comments. Slots and streams are left 0.
+// comments replaced by comments where there are any. Slots and streams
+// are left 0.
 func writeTextFile(file string, t *trace.Trace, comments []string) (*exportResult, error) {
 	c := *t
-	c.Comments = comments
+	if len(comments) > 0 {
+		c.Comments = comments
+	}
 	f, err := os.Create(file)
 	if err != nil {
 		return nil, err

@@ -153,6 +153,24 @@ func TestExportTextWritesTheTextFormat(t *testing.T) {
 	_, errs, status = cli(t, "export", "--comment", "x", "-o", dir, "lstm")
 	assert.Equal(t, exitUsage, status)
 	assert.Contains(t, errs, "--text")
+
+	// Without --comment the trace's own comments stay; a file read is
+	// never written over.
+	own := filepath.Join(dir, "lstm.trace.gz")
+	again := t.TempDir()
+	_, errs, status = cli(t, "export", "--text", "-o", again, own)
+	require.Equal(t, exitOK, status, errs)
+	got, err := trace.ParseFile(filepath.Join(again, "lstm.trace.gz"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"workload=tdnn steps=30", "second"}, got.Comments)
+	before, err := os.ReadFile(own)
+	require.NoError(t, err)
+	_, errs, status = cli(t, "export", "--text", "-o", dir, own)
+	assert.Equal(t, exitUsage, status)
+	assert.Contains(t, errs, "over the trace it reads")
+	after, err := os.ReadFile(own)
+	require.NoError(t, err)
+	assert.Equal(t, before, after)
 }
 
 func TestExportRefusesBadInput(t *testing.T) {

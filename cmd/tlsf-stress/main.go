@@ -124,7 +124,7 @@ trace: our best pool backend against the best peer. It is 'replay --min-cap'.`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.device, "device", "", "cuda or sim (default: cuda where a CUDA driver and GPU are found, else sim)")
 	pf.Var(&g.simCapacity, "sim-capacity", "memory of the simulated GPU in bytes (suffixes KiB, MiB, GiB, TiB) (default: an H200's 143771 MiB)")
-	pf.StringVar(&g.conf, "conf", "", "options of every pool backend, as TLSF_ALLOC_CONF gives them to the C ABI (e.g. release_fraction:0.05,wilderness:true; pool.ParseConf's keys but backend, passthrough, device, sim_capacity, max_bytes and max_fraction, which other flags set)")
+	pf.StringVar(&g.conf, "conf", "", "options of every pool backend, as TLSF_ALLOC_CONF gives them to the C ABI (e.g. release_fraction:0.05,wilderness:true; the keys capi/tlsf.h lists but backend, passthrough, device, sim_capacity, max_bytes and max_fraction, which other flags set)")
 	pf.BoolVar(&g.simRealTime, "sim-real-time", false, "the simulated GPU's driver calls take their modelled H200 durations in real time, so that processes sharing it interleave as on a GPU")
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
 		var err error

@@ -102,7 +102,7 @@ func TestHelpExits0(t *testing.T) {
 // Optional fields are those of --min-cap, device_ns_per_op (sim only) and
 // first_error.
 var replaySchema = map[string]string{
-	"trace": "string", "source": "string", "format": "string", "backend": "string", "conf": "string",
+	"trace": "string", "source": "string", "format": "string", "backend": "string", "conf": "string", "skipped_records": "int",
 	"device": "string", "device_kind": "string", "ops": "int",
 	"peak_live_bytes": "int", "peak_reserved_bytes": "int", "reserved_over_live": "number",
 	"cap_bytes": "int", "min_cap_bytes": "int", "min_cap_over_live": "number", "min_cap_runs": "int",
@@ -180,6 +180,19 @@ func TestReplayJSONSchema(t *testing.T) {
 	}
 }
 
+// A snapshot whose recording began mid-run has records the parser skips:
+// replay says how many, in the JSON and under the table.
+func TestReplayReportsSkippedRecords(t *testing.T) {
+	snap := "../../internal/trace/testdata/small.snapshot.pickle"
+	out, errs, status := cli(t, "replay", "--device", "sim", "--json", "--backend", "tlsf-vmm", snap)
+	require.Equal(t, exitOK, status, errs)
+	assert.Equal(t, 1, decodeReplay(t, out)[0].SkippedRecords)
+	out, errs, status = cli(t, "replay", "--device", "sim", "--backend", "tlsf-vmm", snap, "lstm")
+	require.Equal(t, exitOK, status, errs)
+	assert.Contains(t, out, "small: 1 records of the trace were skipped")
+	assert.NotContains(t, out, "lstm: 0 records")
+}
+
 // --conf gives every pool backend its options: ReleaseFraction bounds
 // reserved memory, and the JSON says which options ran; keys other flags
 // own and malformed ones are usage errors.
@@ -204,6 +217,10 @@ func TestReplayConfSetsThePoolsOptions(t *testing.T) {
 	require.Equal(t, exitOK, status, errs)
 	assert.Equal(t, "wilderness:true", jsonLines(t, out)[0]["conf"])
 	assert.Less(t, rs[0].ReservedOverLive, def.ReservedOverLive, "ReleaseFraction 0.02 recycles memory the default keeps")
+	out, errs, status = cli(t, "replay", "--device", "sim", "--conf", "release_fraction:0.02", "--backend", "tlsf-vmm", "lstm")
+	require.Equal(t, exitOK, status, errs)
+	assert.Contains(t, out, "Pool backends ran with --conf release_fraction:0.02.")
+	assert.Contains(t, out, "verdict lstm: tlsf-vmm (--conf release_fraction:0.02) peak reserved")
 	assert.LessOrEqual(t, rs[0].ReservedOverLive, 1.04)
 
 	for _, bad := range []string{"backend:chunks", "passthrough:true", "device:sim", "sim_capacity:1GiB", "max_bytes:1GiB", "max_fraction:0.5", "release_fraction:2", "nokey:1"} {

@@ -150,6 +150,10 @@ type replayResult struct {
 	FailedAllocs      int               `json:"failed_allocs"`
 	WarmFailedAllocs  int               `json:"warm_failed_allocs"`
 	FirstError        string            `json:"first_error,omitempty"`
+	// SkippedRecords counts the trace's records the parser ignored
+	// (trace.Trace.Skipped: frees of no live block, zero-byte
+	// allocations in a snapshot or CSV whose recording began mid-run).
+	SkippedRecords int `json:"skipped_records"`
 
 	series []sample // live and reserved bytes over the first replay, with --plot
 }
@@ -277,6 +281,7 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 	r := &replayResult{
 		Trace: t.Name, Source: t.Source, Format: t.Format.String(), Backend: be,
 		Device: dev.Name(), DeviceKind: ds.kind, PeakLiveBytes: t.PeakLive(), CapBytes: capBytes,
+		SkippedRecords: t.Skipped,
 	}
 	if be != backendAsync {
 		r.Conf = ds.conf // --conf applies to pool backends only

@@ -92,6 +92,13 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 		}
 	}
 	tw.Flush()
+	skipped := map[string]bool{}
+	for _, r := range results {
+		if r.SkippedRecords > 0 && !skipped[r.Trace] {
+			skipped[r.Trace] = true
+			fmt.Fprintf(w, "%s: %d records of the trace were skipped (frees of no live block, zero-byte allocations: a recording begun mid-run or wrapped)\n", r.Trace, r.SkippedRecords)
+		}
+	}
 	for _, r := range results {
 		if r.FailedAllocs > 0 || r.WarmFailedAllocs > 0 || r.FirstError != "" {
 			fmt.Fprintf(w, "%s %s: %d allocations failed in the first replay, %d in the last warm one; first error: %s\n",
@@ -159,7 +166,11 @@ func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.B
 				}
 			}
 		}
-		line := fmt.Sprintf("verdict %s: %s %s %.3f× live", name, best.Backend, metric, ours(best))
+		who := best.Backend
+		if best.Conf != "" {
+			who += " (--conf " + best.Conf + ")"
+		}
+		line := fmt.Sprintf("verdict %s: %s %s %.3f× live", name, who, metric, ours(best))
 		if peerName != "" {
 			cmp := "lower"
 			switch {
