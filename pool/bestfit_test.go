@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpumem/tlsf/device/sim"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -104,5 +105,53 @@ func TestWildernessKeepsTheTopOfTheHeap(t *testing.T) {
 		checkStep(t, p, d)
 		require.NoError(t, p.Free(ptr))
 		checkStep(t, p, d)
+	}
+}
+
+// A VMM pool that must grow although a quarter of its memory lies free
+// outside the top of its heap, in pieces too small for the request, keeps
+// that top from then on as Options.Wilderness does (severeFragmentation);
+// one whose free pieces are a smaller share does not.
+func TestSevereFragmentationKeepsTheTopFromThenOn(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		pieces int  // free 8 MiB pieces, each between two live 8 MiB blocks
+		keeps  bool // the top kept after the growth
+	}{
+		{"an eighth free", 1, false},
+		{"nearly half free", 8, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
+			p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-12, Cache: CacheOptions{Disable: true}})
+			var live, holes []uintptr
+			for i := range 2*c.pieces + 1 {
+				ptr, err := p.Alloc(8 * miB)
+				require.NoError(t, err)
+				if i%2 == 1 {
+					holes = append(holes, ptr)
+				} else {
+					live = append(live, ptr)
+				}
+			}
+			for range max(0, 6-c.pieces) { // more live memory: one piece is an eighth
+				ptr, err := p.Alloc(8 * miB)
+				require.NoError(t, err)
+				live = append(live, ptr)
+			}
+			for _, h := range holes {
+				require.NoError(t, p.Free(h))
+			}
+			require.False(t, p.x.Wilderness())
+			big, err := p.Alloc(16 * miB) // fits no piece: the heap grows
+			require.NoError(t, err)
+			assert.Equal(t, c.keeps, p.x.Wilderness())
+			checkStep(t, p, d)
+			require.NoError(t, p.Free(big))
+			for _, ptr := range live {
+				require.NoError(t, p.Free(ptr))
+			}
+			checkStep(t, p, d)
+		})
 	}
 }

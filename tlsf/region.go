@@ -241,3 +241,26 @@ func (x *Index) Last(base uint64) (Block, error) {
 	}
 	return x.public(x.reg.slots[slot].last), nil
 }
+
+// SetWilderness turns Config.Wilderness on or off from now on: each
+// region's free top block moves to the list it then belongs in. In
+// O(regions).
+func (x *Index) SetWilderness(on bool) {
+	if x.wild == on {
+		return
+	}
+	var tops []uint32
+	for _, s := range x.reg.order {
+		if b := x.reg.slots[s].last; x.blocks[b].free() {
+			x.unlink(b)
+			tops = append(tops, b)
+		}
+	}
+	x.wild = on
+	for _, b := range tops {
+		x.link(b)
+	}
+}
+
+// Wilderness reports whether Config.Wilderness is on (SetWilderness).
+func (x *Index) Wilderness() bool { return x.wild }

@@ -114,3 +114,25 @@ func TestWildernessOfSeveralRegions(t *testing.T) {
 	require.NoError(t, x.Check())
 	require.Equal(t, uint64(MiB), x.LargestFree())
 }
+
+// SetWilderness moves each region's free top to the list it belongs in
+// from then on, both ways; Check holds throughout.
+func TestSetWildernessMovesTheTops(t *testing.T) {
+	x, hole := topAndHole(t, false, 8*MiB, 4*MiB)
+	require.False(t, x.Wilderness())
+	x.SetWilderness(true)
+	require.True(t, x.Wilderness())
+	require.NoError(t, x.Check())
+	b, err := x.AllocFit(3 * MiB)
+	require.NoError(t, err)
+	require.Equal(t, hole, b.Addr, "the hole: the top is kept")
+	_, err = x.Free(b.Addr)
+	require.NoError(t, err)
+	x.SetWilderness(false)
+	require.NoError(t, x.Check())
+	b, err = x.AllocFit(3 * MiB)
+	require.NoError(t, err)
+	require.Equal(t, uint64(60*MiB), b.Addr, "best fit: the tighter top")
+	x.SetWilderness(false) // no change
+	require.NoError(t, x.Check())
+}
