@@ -152,8 +152,8 @@ void tlsf_record_stream(void* ptr, void* stream);
  * good_fit), good_fit (true|false: TLSF's O(1) good fit instead of the
  * default best fit within the request's own list), wilderness
  * (true|false, backend vmm only: keep the free top of the heap for
- * requests no other free block holds; lower peaks for inference at widely
- * varying batch sizes), passthrough (true|false), guard (bytes of red
+ * requests no other free block holds from the start, not only once
+ * fragmentation is severe), passthrough (true|false), guard (bytes of red
  * zone after every block, checked on free), history (events kept for
  * snapshots), history_stacks
  * (true|false). Bytes: an integer, or a number and a unit KiB, MiB, GiB,

@@ -17,7 +17,9 @@
 //     within the request's own second-level list (tlsf.Index.AllocFit,
 //     at most tlsf.FitScan blocks read), else the O(1) good fit of TLSF
 //     §3.3 (Options.GoodFit for good fit alone), and immediate coalescing,
-//     with all metadata on the CPU;
+//     with all metadata on the CPU; a VMM heap's free top is kept for
+//     requests no other block holds once fragmentation is severe
+//     (severeFragmentation; Options.Wilderness: from the start);
 //  3. the heap (heap.go), which adds device memory to the index: a VMM
 //     range whose pages are mapped on demand, one physical allocation per
 //     growth (vmm.go), or cuMemAlloc'd chunks (chunks.go).

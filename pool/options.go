@@ -113,8 +113,8 @@ type Options struct {
 	// operation of the cold replay · of a warm one), 0.05 · 0.03: lstm
 	// 1.050 (4.9 · 1.1 µs) · 1.030 (7.8 · 1.9 µs), resnet50 1.020 (0.3 · 0)
 	// · 1.020, tdnn 1.039 (7.8 · 4.7 µs) · 1.030 (11.8 · 11.0 µs); on the
-	// traces in bench/traces, ResNet-50 inference 1.035 (18.2 · 8.6 µs) ·
-	// 1.026 (15.7 · 7.4 µs), Llama 1.048 · 1.029, DeepLabV3 1.045 · 1.028,
+	// traces in bench/traces, ResNet-50 inference 1.049 (20.9 · 5.0 µs) ·
+	// 1.019 (17.3 · 4.8 µs), Llama 1.048 · 1.029, DeepLabV3 1.045 · 1.028,
 	// ViT-B/16 1.031 · 1.030, BERT and MobileNetV3 as without (1.007,
 	// 1.003); with one-page handles, as before, lstm and tdnn cost 5 to 11
 	// times that driver time cold and 2 to 7 times warm. Peak reserved
@@ -182,26 +182,24 @@ type Options struct {
 
 	// Wilderness keeps a VMM pool's free top of the heap (the free block
 	// at the end of its mapped range, which a growth extends) for requests
-	// no other free block holds: the wilderness preservation heuristic
-	// (tlsf.Config.Wilderness). Default false: the top is a free block
-	// like any other, and best fit takes it when it is the tightest.
-	// Neither is better everywhere. Measured on the simulated H200
-	// (2026-12-02, peak reserved over peak live after a cold and four
-	// warm replays; default · Wilderness), on the shared traces: lstm
-	// 1.062 · 1.128, resnet50 1.020 · 1.020, tdnn 1.193 · 1.193; on six
-	// traces recorded later to test the pool on workloads it was not
-	// tuned on (bench/traces): ResNet-50 inference at batch 1–256 1.290 ·
-	// 1.151, BERT 1.006 · 1.007, DeepLabV3 1.045 · 1.045, Llama (bf16)
-	// 1.059 · 1.063, MobileNetV3 1.003 · 1.005, ViT-B/16 1.036 · 1.042
-	// (on the H200, Llama and ViT-B/16 1.063 · 1.058 and 1.036 · 1.034:
-	// with per-P caches on many cores these figures move by up to 0.8%
-	// from run to run);
-	// PyTorch's expandable segments on the H200: 1.120, 1.020, 1.204,
-	// 1.148, 1.004, 1.036, 1.068, 1.006, 1.034. Inference with batch
-	// sizes that vary widely is where it pays: there a small request
-	// splitting the top leaves the next large one neither a hole nor a
-	// top to grow from. Ignored by other backends. The TLSF_ALLOC_CONF
-	// key "wilderness" sets it.
+	// no other free block holds, from the start: the wilderness
+	// preservation heuristic (tlsf.Config.Wilderness). Default false: best
+	// fit takes the top when it is the tightest block, until the heap must
+	// grow while a quarter of its memory lies free outside its top (severe
+	// fragmentation), when the pool keeps the top from then on, as with
+	// Wilderness. Measured on the simulated H200 (2026-12-02, peak
+	// reserved over peak live after a cold and ten warm replays; default ·
+	// Wilderness), on the shared traces: lstm 1.062 · 1.128, resnet50
+	// 1.020 · 1.020, tdnn 1.193 · 1.193; on six traces recorded later to
+	// test the pool on workloads it was not tuned on (bench/traces):
+	// ResNet-50 inference at batch 1–256 1.151 · 1.151 (1.290 before the
+	// switch on severe fragmentation), BERT 1.006 · 1.007, DeepLabV3 1.045
+	// · 1.045, Llama (bf16) 1.059 · 1.063, MobileNetV3 1.003 · 1.005,
+	// ViT-B/16 1.036 · 1.042 (with per-P caches on many cores these move
+	// by up to 0.8% from run to run); PyTorch's expandable segments on the
+	// H200: 1.120, 1.020, 1.204, 1.148, 1.004, 1.036, 1.068, 1.006, 1.034.
+	// Ignored by other backends. The TLSF_ALLOC_CONF key "wilderness" sets
+	// it.
 	Wilderness bool
 
 	// Cache configures the per-P small-block caches (see Cache).

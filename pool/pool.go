@@ -752,9 +752,11 @@ func (p *Pool) setFine(k uint64) {
 // operation of the cold replay · of a warm one), f = 0.05 · 0.03: lstm
 // 1.050 (4.9 · 1.1 µs) · 1.030 (7.8 · 1.9 µs), tdnn 1.039 (7.8 · 4.7 µs)
 // · 1.030 (11.8 · 11.0 µs), ResNet-50 inference (bench/traces) 1.035
-// (18.2 · 8.6 µs) · 1.026 (15.7 · 7.4 µs); with one-page handles (before):
-// 1.050 (54 · 2.4 µs) · 1.030 (58 · 7.3 µs), 1.049 (61 · 34 µs) · 1.029
-// (61 · 33 µs), 1.035 (21 · 9.0 µs) · 1.026 (22 · 9.5 µs). Peak reserved
+// (18.2 · 8.6 µs) · 1.026 (15.7 · 7.4 µs) (1.049 · 1.019 at 5.0 and 4.8
+// µs warm since the switch on severe fragmentation); with one-page
+// handles (before): 1.050 (54 · 2.4 µs) · 1.030 (58 · 7.3 µs), 1.049 (61
+// · 34 µs) · 1.029 (61 · 33 µs), 1.035 (21 · 9.0 µs) · 1.026 (22 · 9.5
+// µs). Peak reserved
 // over the peak in use, f = 0.01 and 0.05, with and without GoodFit, the
 // shared traces and bench/traces (two replays): within 1 + f in 35 of 36
 // cases (MobileNetV3 with GoodFit at 0.01: 1.015; before: vit with
