@@ -109,43 +109,52 @@ func TestWildernessKeepsTheTopOfTheHeap(t *testing.T) {
 }
 
 // A VMM pool that must grow although a quarter of its memory lies free
-// outside the top of its heap, in pieces too small for the request, keeps
-// that top from then on as Options.Wilderness does (severeFragmentation);
-// one whose free pieces are a smaller share does not.
+// outside the top of its heap, in pieces that would hold the request but
+// none of them alone, keeps that top from then on as Options.Wilderness
+// does (severeFragmentation), and says so in Stats.TopKept; one whose
+// free pieces are a smaller share, or too small together, does not.
+// Pages released under the free top (Trim) are not counted twice.
 func TestSevereFragmentationKeepsTheTopFromThenOn(t *testing.T) {
 	for _, c := range []struct {
 		name   string
-		pieces int  // free 8 MiB pieces, each between two live 8 MiB blocks
-		keeps  bool // the top kept after the growth
+		pieces int    // free 8 MiB pieces, each between two live 8 MiB blocks
+		extra  int    // more live 8 MiB blocks after them
+		top    uint64 // a block at the top, freed and trimmed before the pieces are freed
+		req    uint64 // more than a piece, or the top, holds
+		keeps  bool   // the top kept after the growth
 	}{
-		{"an eighth free", 1, false},
-		{"nearly half free", 8, true},
+		{"pieces too small together", 1, 7, 0, 12 * miB, false},
+		{"a sixth free", 2, 7, 0, 12 * miB, false},
+		{"nearly half free", 8, 0, 0, 12 * miB, true},
+		{"nearly half free, the top released", 8, 0, 56 * miB, 60 * miB, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
-			p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-12, Cache: CacheOptions{Disable: true}})
+			p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-12, Cache: CacheOptions{Disable: true}, NoScavenger: true})
 			var live, holes []uintptr
-			for i := range 2*c.pieces + 1 {
+			for i := range 2*c.pieces + 1 + c.extra {
 				ptr, err := p.Alloc(8 * miB)
 				require.NoError(t, err)
-				if i%2 == 1 {
+				if i%2 == 1 && i < 2*c.pieces {
 					holes = append(holes, ptr)
 				} else {
 					live = append(live, ptr)
 				}
 			}
-			for range max(0, 6-c.pieces) { // more live memory: one piece is an eighth
-				ptr, err := p.Alloc(8 * miB)
+			if c.top > 0 {
+				top, err := p.Alloc(c.top)
 				require.NoError(t, err)
-				live = append(live, ptr)
+				require.NoError(t, p.Free(top))
+				_, err = p.Trim()
+				require.NoError(t, err)
 			}
 			for _, h := range holes {
 				require.NoError(t, p.Free(h))
 			}
-			require.False(t, p.x.Wilderness())
-			big, err := p.Alloc(16 * miB) // fits no piece: the heap grows
+			require.False(t, p.Stats().TopKept)
+			big, err := p.Alloc(c.req) // the heap grows
 			require.NoError(t, err)
-			assert.Equal(t, c.keeps, p.x.Wilderness())
+			assert.Equal(t, c.keeps, p.Stats().TopKept)
 			checkStep(t, p, d)
 			require.NoError(t, p.Free(big))
 			for _, ptr := range live {

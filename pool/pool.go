@@ -3,6 +3,7 @@ package pool
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"sync"
 
@@ -585,10 +586,10 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	if need == 0 {
 		return p.search(size, align)
 	}
-	p.noteFragmentation(room)
 	// The block grown into also covers the free top of the heap, whose
 	// pages may have been released: they count against the cap too.
 	tail := p.heap.unbackedTail()
+	p.noteFragmentation(room, tail)
 	if err := p.makeRoom(need+tail, true); err != nil {
 		return tlsf.Block{}, err
 	}
@@ -644,45 +645,56 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 }
 
 // severeFragmentation: a VMM heap that must grow for a request although
-// this fraction of its reserved memory or more lies mapped and free
-// outside its free top (room enough for the request, in pieces) is
-// fragmented badly, and keeps its top for requests nothing else holds
-// from then on (tlsf.Index.SetWilderness; Options.Wilderness does so from
-// the start).
+// its mapped free memory outside its free top is enough for the request
+// (in pieces) and at least this fraction of its reserved memory (spares
+// and orphans included) is fragmented badly, and keeps its top for
+// requests no other block holds from then on (tlsf.Index.SetWilderness;
+// Options.Wilderness does so from the start). The check runs before the
+// cap's, so a capped pool may switch on a growth that then fails.
 //
 // Why a switch, and why a quarter: neither placement is better
 // everywhere. Best fit taking a tight top did better on the training
 // traces (lstm 1.062 × peak live against 1.128 with the top kept), while
 // on ResNet-50 inference at batch sizes 1 to 256 (bench/traces) small
 // requests that split the top left the next large one neither a hole nor
-// a top to grow from: 1.290 against 1.151. The growths of that trace came
-// with 29 to 41% of the heap free; those of the eight others, with 14% at
-// most. Measured on the simulated H200 (2026-12-02, a cold and ten warm
-// replays), the switch at a sixth to three tenths of reserved memory
-// left every trace's peak and smallest feasible cap as without it (or
-// lower: vit 1.036 → 1.033 at a quarter) but inference's, 1.290 → 1.151
-// (expandable segments: 1.148); switching at the first growth with room
-// in pieces, whatever the fraction, took resnet50 to 1.022 and lstm to
-// 1.108.
+// a top to grow from: 1.290 against 1.151. Its heap grew once with 35% of
+// its memory free outside the top, in pieces that would have held the
+// request; no growth of the eight other traces had pieces that would have
+// held its request beyond 19% of the heap (lstm grew with up to 48% free
+// outside the top, in pieces smaller than the requests). Measured on the
+// simulated H200 (2026-12-02, a cold and ten warm replays), the switch at
+// a sixth to three tenths of reserved memory left every other trace's
+// peak and smallest feasible cap as without it (within the run-to-run
+// spread of the per-P caches) and took inference to 1.151 (expandable
+// segments: 1.148); above a third, inference stays at 1.290. Switching at
+// the first growth with room in pieces, whatever the fraction, took
+// resnet50 to 1.022 and lstm to 1.108. Under ReleaseFraction the switch
+// moved inference from 1.035 to 1.049 at f = 0.05, within its bound, at
+// half the warm driver time, and from 1.026 to 1.019 at 0.03.
 const severeFragmentation = 0.25
 
 // noteFragmentation, before a VMM heap grows for a request needing room
 // bytes, turns the index's wilderness list on for good where the heap is
-// fragmented badly (severeFragmentation). Pool lock held.
-func (p *Pool) noteFragmentation(room uint64) {
+// fragmented badly (severeFragmentation); tail is the released bytes
+// under the heap's free top (vmmHeap.unbackedTail). In O(1). Pool lock
+// held.
+func (p *Pool) noteFragmentation(room, tail uint64) {
 	h, ok := p.heap.(*vmmHeap)
 	if !ok || p.x.Wilderness() {
 		return
 	}
-	st := p.x.Stats()
 	var top uint64
 	if last, err := p.x.Last(h.base); err == nil && last.Free {
 		top = last.Size
 	}
-	// Released pages (holes) are free address space, not memory.
-	free := st.Free - min(st.Free, top+h.holes*h.gran)
+	// Released pages (holes) are free address space, not memory: those
+	// outside the top are subtracted here, those under it with the top.
+	holes := h.holes*h.gran - min(h.holes*h.gran, tail)
+	free := p.x.FreeBytes() - min(p.x.FreeBytes(), top+holes)
 	if free >= room && float64(free) >= severeFragmentation*float64(p.reserved()) {
 		p.x.SetWilderness(true)
+		p.logEvent(slog.LevelInfo, "tlsf pool: fragmentation is severe, the free top of the heap is kept for requests nothing else holds from now on",
+			slog.Uint64("free_outside_top_bytes", free), slog.Uint64("reserved_bytes", p.reserved()), slog.Uint64("request_bytes", room))
 	}
 }
 

@@ -54,6 +54,11 @@ type Stats struct {
 	LargestFree   uint64
 	Fragmentation float64
 	FreeBlocks    int
+	// TopKept reports whether a VMM pool keeps the free top of its heap
+	// for requests no other free block holds: Options.Wilderness, or a
+	// growth under severe fragmentation (severeFragmentation, pool.go)
+	// since. A log event at Info level marks the switch.
+	TopKept bool
 
 	// Allocs and Frees count successful calls since New (cache hits
 	// included).
@@ -128,6 +133,7 @@ func (p *Pool) statsLocked() Stats {
 	if p.pt == nil {
 		st := p.x.Stats()
 		s.IndexFree, s.LargestFree, s.FreeBlocks = st.Free, p.largestFree(), st.FreeBlocks
+		s.TopKept = p.x.Wilderness()
 		if st.Free > 0 {
 			s.Fragmentation = 1 - float64(s.LargestFree)/float64(st.Free)
 		}

@@ -16,6 +16,10 @@ type Stats struct {
 	LargestFree     uint64 // the largest free block
 }
 
+// FreeBytes returns the bytes in free blocks, Total − Allocated of Stats,
+// in O(1).
+func (x *Index) FreeBytes() uint64 { return x.total - x.allocated }
+
 // Stats returns the totals. It costs O(1) plus a walk of the top non-empty
 // size-class list, whose blocks share one size class, and of the
 // wilderness list (Config.Wilderness: a block per region at most).

@@ -46,7 +46,7 @@ type Config struct {
 	// one finding neither room there nor a top to grow from. Searching the
 	// wilderness list costs O(regions) where it is reached (the first of
 	// its blocks that fits); one region: O(1). Default false: every free
-	// block in the list of its size.
+	// block in the list of its size. Index.SetWilderness changes it later.
 	Wilderness bool
 }
 

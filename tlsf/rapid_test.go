@@ -208,6 +208,13 @@ func TestIndexAgainstModel(t *testing.T) {
 				}
 				m.afterAlloc(t, b, size, 1)
 			},
+			"set wilderness": func(t *rapid.T) {
+				on := rapid.Bool().Draw(t, "on")
+				m.x.SetWilderness(on)
+				if m.x.Wilderness() != on {
+					t.Fatalf("SetWilderness(%v) left it %v", on, !on)
+				}
+			},
 			"alloc fit": func(t *rapid.T) {
 				size := m.drawSize(t)
 				r := (size + g - 1) / g * g
