@@ -759,21 +759,20 @@ func (p *Pool) setFine(k uint64) {
 // counts on. So memory moves at a grain below the excess f allows where
 // it can, and a growth costs a few handles rather than one per page.
 //
-// Measured on the simulated H200 (2026-12-02, peak reserved over peak
-// live after a cold and ten warm replays; the modelled driver time per
+// Measured on the simulated H200 (2026-12-02, peak reserved over peak live
+// after a cold and ten warm replays; the modelled driver time per
 // operation of the cold replay · of a warm one), f = 0.05 · 0.03: lstm
-// 1.050 (4.9 · 1.1 µs) · 1.030 (7.8 · 1.9 µs), tdnn 1.039 (7.8 · 4.7 µs)
-// · 1.030 (11.8 · 11.0 µs), ResNet-50 inference (bench/traces) 1.035
-// (18.2 · 8.6 µs) · 1.026 (15.7 · 7.4 µs) (1.049 · 1.019 at 5.0 and 4.8
-// µs warm since the switch on severe fragmentation); with one-page
-// handles (before): 1.050 (54 · 2.4 µs) · 1.030 (58 · 7.3 µs), 1.049 (61
-// · 34 µs) · 1.029 (61 · 33 µs), 1.035 (21 · 9.0 µs) · 1.026 (22 · 9.5
-// µs). Peak reserved
-// over the peak in use, f = 0.01 and 0.05, with and without GoodFit, the
-// shared traces and bench/traces (two replays): within 1 + f in 35 of 36
-// cases (MobileNetV3 with GoodFit at 0.01: 1.015; before: vit with
-// GoodFit at 0.01, 1.011); without the halving, in 27, the worst 1.12 at
-// f = 0.05 (vit, GoodFit); with handles of f/32, in all 36, at three to
+// 1.050 (4.9 · 1.1 µs) · 1.030 (7.8 · 1.9 µs), tdnn 1.039 (7.8 · 4.7 µs) ·
+// 1.030 (11.8 · 11.0 µs), ResNet-50 inference (bench/traces) 1.035 (18.2 ·
+// 8.6 µs) · 1.026 (15.7 · 7.4 µs) (1.049 · 1.019 at 5.0 and 4.8 µs warm
+// since the switch on severe fragmentation); with one-page handles
+// (before): 1.050 (54 · 2.4 µs) · 1.030 (58 · 7.3 µs), 1.049 (61 · 34 µs)
+// · 1.029 (61 · 33 µs), 1.035 (21 · 9.0 µs) · 1.026 (22 · 9.5 µs). Peak
+// reserved over the peak in use, f = 0.01 and 0.05, with and without
+// GoodFit, the shared traces and bench/traces (two replays): within 1 + f
+// in 35 of 36 cases (MobileNetV3 with GoodFit at 0.01: 1.015; before: vit
+// with GoodFit at 0.01, 1.011); without the halving, in 27, the worst 1.12
+// at f = 0.05 (vit, GoodFit); with handles of f/32, in all 36, at three to
 // eight times these driver times.
 const releaseHandleDivisor = 2
 

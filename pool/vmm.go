@@ -29,18 +29,18 @@ import (
 // granularity: cuMemUnmap must cover whole mappings, so a handle is
 // released only when all of its pages lie under free blocks. Where that
 // matters, the pool asks for one-page handles (fine): in a capped pool, as
-// the smallest feasible cap needs memory to move at the finest
-// granularity the driver allows; a pool that recycles memory under
-// ReleaseFraction with no cap asks for handles of at most a fraction of
-// its peak (releasePages). Pool.setFine says when, and when not. Holes under a block
-// mapped again while the heap is not fine get large handles inside the
-// block and one-page handles for its first and last page, which it may
+// the smallest feasible cap needs memory to move at the finest granularity
+// the driver allows; a pool that recycles memory under ReleaseFraction
+// with no cap asks for handles of at most a fraction of its peak
+// (releasePages). Pool.setFine says when, and when not. Holes under a
+// block mapped again while the heap is not fine get large handles inside
+// the block and one-page handles for its first and last page, which it may
 // share with its neighbours. On a device other processes share
 // (Pool.setShared), a fine heap's growths and mappings of holes map the
-// block they are for the same way, in handles of up to a 256th of the
-// cap: memory moving between
-// processes moves at the handles' granularity, and one-page handles make
-// filling and moving a share cost driver calls per 2 MiB.
+// block they are for the same way, in handles of up to a 256th of the cap:
+// memory moving between processes moves at the handles' granularity, and
+// one-page handles make filling and moving a share cost driver calls per 2
+// MiB.
 type vmmHeap struct {
 	dev     *counted
 	x       *tlsf.Index
