@@ -684,7 +684,7 @@ func (p *Pool) noteFragmentation(room, tail uint64) {
 		return
 	}
 	var top uint64
-	if last, err := p.x.Last(h.base); err == nil && last.Free {
+	if last, ok := h.freeTop(); ok {
 		top = last.Size
 	}
 	// Released pages (holes) are free address space, not memory: those

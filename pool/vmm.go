@@ -224,12 +224,21 @@ func (h *vmmHeap) popSpare(least, most uint64) (device.MemHandle, uint64, bool) 
 	return 0, 0, false
 }
 
+// freeTop returns the free block at the top of the heap (the one a growth
+// extends), or false where the top block is allocated or there is no
+// region yet.
+func (h *vmmHeap) freeTop() (tlsf.Block, bool) {
+	if h.end == h.base {
+		return tlsf.Block{}, false
+	}
+	last, err := h.x.Last(h.base)
+	return last, err == nil && last.Free
+}
+
 func (h *vmmHeap) need(size uint64) uint64 {
 	var tail uint64
-	if h.end > h.base {
-		if last, err := h.x.Last(h.base); err == nil && last.Free {
-			tail = last.Size
-		}
+	if last, ok := h.freeTop(); ok {
+		tail = last.Size
 	}
 	if tail >= size {
 		return 0
@@ -285,7 +294,7 @@ func (h *vmmHeap) growthRange(first, need uint64) (lo, hi, large uint64) {
 		return 0, ^uint64(0), h.handlePages() // spares fit anywhere
 	}
 	start := h.end
-	if last, err := h.x.Last(h.base); err == nil && last.Free {
+	if last, ok := h.freeTop(); ok {
 		start = last.Addr
 	}
 	// The block ends at or below page first + need/gran; its last page
@@ -620,7 +629,7 @@ func (h *vmmHeap) unbackedTail() uint64 {
 	if h.holes == 0 || h.end == h.base {
 		return 0
 	}
-	if last, err := h.x.Last(h.base); err == nil && last.Free {
+	if last, ok := h.freeTop(); ok {
 		return h.unbacked(last)
 	}
 	return 0
@@ -716,7 +725,7 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 	if keep && h.end > h.base {
 		// Moving pages out of the free top of the heap would be undone at
 		// once: a growth is about to cover it.
-		if last, err := h.x.Last(h.base); err == nil && last.Free {
+		if last, ok := h.freeTop(); ok {
 			top = last.Addr
 		}
 	}

@@ -39,14 +39,30 @@ func (x *Index) Stats() Stats {
 // none): the largest block of the highest non-empty size-class list or of
 // the wilderness list (Config.Wilderness).
 func (x *Index) LargestFree() uint64 {
-	var largest uint64
-	if m := x.flBitmap &^ (1 << wildFL); m != 0 {
-		fl := uint(63 - bits.LeadingZeros64(m))
-		sl := uint(63 - bits.LeadingZeros64(x.slBitmap[fl]))
+	largest := x.largestWild()
+	if fl, sl, ok := x.topList(); ok {
 		for b := x.heads[listIndex(fl, sl)]; b != nilRec; b = x.blocks[b].nextFree {
 			largest = max(largest, x.blocks[b].size)
 		}
 	}
+	return largest
+}
+
+// topList returns the highest non-empty size-class list (the wilderness
+// list left out), or false when there is none.
+func (x *Index) topList() (fl, sl uint, ok bool) {
+	m := x.flBitmap &^ (1 << wildFL)
+	if m == 0 {
+		return 0, 0, false
+	}
+	fl = uint(63 - bits.LeadingZeros64(m))
+	return fl, uint(63 - bits.LeadingZeros64(x.slBitmap[fl&63])), true
+}
+
+// largestWild returns the size of the largest block of the wilderness
+// list (Config.Wilderness: one per region at most), or 0.
+func (x *Index) largestWild() uint64 {
+	var largest uint64
 	for b := x.heads[wildList]; b != nilRec; b = x.blocks[b].nextFree {
 		largest = max(largest, x.blocks[b].size)
 	}

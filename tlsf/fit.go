@@ -1,7 +1,5 @@
 package tlsf
 
-import "math/bits"
-
 // Good fit within the request's own list.
 //
 // Alloc rounds a request up to the next class boundary and takes the head
@@ -94,15 +92,13 @@ func (x *Index) findOwn(r uint64) (uint32, uint) {
 // Wilderness.
 func (x *Index) LargestAlloc() uint64 {
 	var largest uint64
-	if m := x.flBitmap &^ (1 << wildFL); m != 0 {
-		fl := uint(63 - bits.LeadingZeros64(m))
-		sl := uint(63 - bits.LeadingZeros64(x.slBitmap[fl&63]))
+	if fl, sl, ok := x.topList(); ok {
 		largest = x.classMin(fl, sl)
 	}
 	// A wilderness block of s bytes takes any request that rounds up to at
 	// most s: up to the lower bound of the list s maps to.
-	for b := x.heads[wildList]; b != nilRec; b = x.blocks[b].nextFree {
-		largest = max(largest, x.classMin(x.insert(x.blocks[b].size)))
+	if w := x.largestWild(); w > 0 {
+		largest = max(largest, x.classMin(x.insert(w)))
 	}
 	return largest
 }
@@ -111,20 +107,15 @@ func (x *Index) LargestAlloc() uint64 {
 // size of the largest free block (AllocFit takes a block of exactly that
 // size from its own list, provided it is among the first FitScan), or 0.
 func (x *Index) LargestFit() uint64 {
-	var largest uint64
-	if m := x.flBitmap &^ (1 << wildFL); m != 0 {
-		fl := uint(63 - bits.LeadingZeros64(m))
-		sl := uint(63 - bits.LeadingZeros64(x.slBitmap[fl&63]))
+	// A request AllocFit finds no other block for takes the first
+	// wilderness block that holds it: any of them.
+	largest := x.largestWild()
+	if fl, sl, ok := x.topList(); ok {
 		n := 0
 		for b := x.heads[listIndex(fl, sl)]; b != nilRec && n < FitScan; n++ {
 			largest = max(largest, x.blocks[b].size)
 			b = x.blocks[b].nextFree
 		}
-	}
-	// A request AllocFit finds no other block for takes the first
-	// wilderness block that holds it: any of them.
-	for b := x.heads[wildList]; b != nilRec; b = x.blocks[b].nextFree {
-		largest = max(largest, x.blocks[b].size)
 	}
 	return largest
 }

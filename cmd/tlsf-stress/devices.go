@@ -31,6 +31,15 @@ type devices struct {
 	pool pool.Options // --conf: every pool's options before the backend's own
 }
 
+// confOf returns --conf as given where it applies to backend be (a pool
+// backend), else "" (the driver's pool takes no pool options).
+func (ds *devices) confOf(be string) string {
+	if be == backendAsync {
+		return ""
+	}
+	return ds.conf
+}
+
 // openDevices resolves --device: "cuda" opens GPU 0 and fails without one;
 // "sim" uses the simulated device; "" tries the GPU and falls back to the
 // simulated device where there is no driver or no GPU. shadow keeps the

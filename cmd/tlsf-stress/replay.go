@@ -281,10 +281,7 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 	r := &replayResult{
 		Trace: t.Name, Source: t.Source, Format: t.Format.String(), Backend: be,
 		Device: dev.Name(), DeviceKind: ds.kind, PeakLiveBytes: t.PeakLive(), CapBytes: capBytes,
-		SkippedRecords: t.Skipped,
-	}
-	if be != backendAsync {
-		r.Conf = ds.conf // --conf applies to pool backends only
+		SkippedRecords: t.Skipped, Conf: ds.confOf(be),
 	}
 	sd, _ := dev.(*sim.Device)
 	ct := replay.Compile(t)

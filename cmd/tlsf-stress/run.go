@@ -265,12 +265,8 @@ func runRun(cmd *cobra.Command, g *globalFlags, o *runOpts) error {
 // runResult. The allocator must still be open.
 func summarize(ds *devices, dev device.Device, a allocator, w *workloadFlags, rep *stressReport) *runResult {
 	problems, errs, opsPerSecond := rep.outcome()
-	conf := ds.conf // pool backends only
-	if w.backend == backendAsync {
-		conf = ""
-	}
 	res := &runResult{
-		Conf:   conf,
+		Conf:   ds.confOf(w.backend),
 		Device: dev.Name(), DeviceKind: ds.kind, Backend: w.backend, Goroutines: w.goroutines,
 		Stream: w.stream, Verify: w.verify,
 		Ops: rep.Ops, Allocs: rep.Allocs, Frees: rep.Frees, OutOfMemory: rep.OOMs,
