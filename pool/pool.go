@@ -44,8 +44,12 @@ type Pool struct {
 	meta []allocMeta // by block ID
 	ss   *streamSet
 
-	total      uint64 // device memory in bytes, at New
-	pitchAlign uint64 // cuMemAllocPitch's pitch unit, probed on first use
+	total uint64 // device memory in bytes, at New
+	// othersAtNew is what the pool did not hold of the device at New:
+	// total − free as cuMemGetInfo reported them then (the process's own
+	// context included), for setShared.
+	othersAtNew uint64
+	pitchAlign  uint64 // cuMemAllocPitch's pitch unit, probed on first use
 	// probe is the pitch probe's allocation (probeBytes bytes) when the
 	// driver refused to free it: still the pool's and counted as reserved,
 	// freed again at the next pitch allocation and at Close.
@@ -116,6 +120,7 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 		return nil, err
 	}
 	p.total = total
+	p.othersAtNew = total - min(total, free)
 	if p.backend == BackendAuto {
 		p.backend = BackendChunks
 		if dev.VMMSupported() {
@@ -782,16 +787,46 @@ const releaseHandleDivisor = 2
 // sim.H200ContextBytes), far less than one other training job.
 const sharedFraction = 1.0 / 16
 
-// sharedHandleDivisor bounds those handles to 1/256 of the cap (128 MiB
-// from a cap of 32 GiB up): memory in handles partly in use cannot move,
-// and small handles keep it a small part of what a pool within 90% of its
-// cap has free.
-const sharedHandleDivisor = 256
+// sharedGrowthFraction: other processes holding at least this fraction of
+// the device's total memory more than they held at New (othersAtNew) also
+// make it shared (Pool.setShared). Jobs started together each see the
+// others hold little at first: with sharedFraction alone, each mapped its
+// first sixteenth or more of the device (5,600 pages of 2 MiB per process
+// in tlsf-stress multi, K = 2, on the simulated H200) in one-page handles,
+// and released them one by one as they moved, a third of its driver calls.
+// 1/128 is 1.1 GiB on an H200: more than another process's context, which
+// is there at New anyway when jobs start together. What others held at
+// New does not count here, so that a pool alone on its GPU with a few idle
+// contexts beside it keeps one-page handles.
+const sharedGrowthFraction = 1.0 / 128
+
+// sharedHandleDivisor bounds those handles to 1/1024 of the cap (up to
+// maxHandlePages, 128 MiB, from a cap of 128 GiB): memory in handles
+// partly in use cannot move, and small handles keep it a small part of
+// what a pool within 90% of its cap has free. Caps below 4 GiB get
+// one-page handles.
+//
+// Measured on the H200 (2026-12-02, tlsf-stress multi --ops 20000, seeds 3
+// and 4, medians over the processes; bench/multi/h200), K = 2, 3, 4:
+// divisor 1024 with sharedGrowthFraction 0.91, 0.82 and 0.97 driver calls
+// per operation at 3,176, 2,883 and 2,855 operations per second per
+// process; 256 without sharedGrowthFraction (the code before) 1.72, 1.30
+// and 1.85 at 2,584, 2,234 and 1,960; 1024 alone 1.54, 1.05 and 1.11; with
+// sharedGrowthFraction, 512: 1.09, 0.93 and 1.32; 2048: 1.08, 0.96 and
+// 1.04; 4096: 1.63, 1.57 and 1.55. Failures within 90% of the share still
+// within at return: none with 1024, 0, 1 and 3 before. Smaller handles
+// leave less memory pinned under the live part of a handle, so fewer
+// pages move per request; much smaller ones cost a cuMemMap per handle.
+// The simulated H200 does not reproduce this: with --sim-real-time, seeds
+// 9 to 14, 256 gave 1.50 and 1.44 calls per operation at K = 2 and 4
+// against 1.84 and 1.85 with 1024 (and 2.09 and 1.56 for the code
+// before).
+const sharedHandleDivisor = 1024
 
 // setShared tells a VMM heap, before it grows, whether other processes
 // hold much of the device: total − free − the pool's own reserved memory,
 // with free as cuMemGetInfo just read it, at least sharedFraction of the
-// total. A growth of a capped pool on a shared device then maps the
+// total, or sharedGrowthFraction of it more than at New. A growth of a capped pool on a shared device then maps the
 // interior of its block in larger handles rather than one-page ones
 // (vmmHeap.growthRange; for a block aligned above a page, the free head
 // the alignment cuts off may share them). A pool with no cap is left
@@ -828,7 +863,8 @@ func (p *Pool) setShared(free uint64) {
 		return // no cap: large handles, or ReleaseFraction's (setFine)
 	}
 	others := p.total - min(p.total, free+p.reserved())
-	if float64(others) >= sharedFraction*float64(p.total) {
+	grown := others - min(others, p.othersAtNew)
+	if float64(others) >= sharedFraction*float64(p.total) || float64(grown) >= sharedGrowthFraction*float64(p.total) {
 		h.sharedPages = limit / sharedHandleDivisor / h.gran
 	}
 }

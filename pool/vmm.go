@@ -37,10 +37,10 @@ import (
 // the block and one-page handles for its first and last page, which it may
 // share with its neighbours. On a device other processes share
 // (Pool.setShared), a fine heap's growths and mappings of holes map the
-// block they are for the same way, in handles of up to a 256th of the cap:
-// memory moving between processes moves at the handles' granularity, and
-// one-page handles make filling and moving a share cost driver calls per 2
-// MiB.
+// block they are for the same way, in handles of up to a 1024th of the
+// cap: memory moving between processes moves at the handles' granularity,
+// and one-page handles make filling and moving a share cost driver calls
+// per 2 MiB.
 type vmmHeap struct {
 	dev     *counted
 	x       *tlsf.Index
