@@ -817,10 +817,14 @@ const sharedGrowthFraction = 1.0 / 128
 // within at return: none with 1024, 0, 1 and 3 before. Smaller handles
 // leave less memory pinned under the live part of a handle, so fewer
 // pages move per request; much smaller ones cost a cuMemMap per handle.
-// The simulated H200 does not reproduce this: with --sim-real-time, seeds
-// 9 to 14, 256 gave 1.50 and 1.44 calls per operation at K = 2 and 4
-// against 1.84 and 1.85 with 1024 (and 2.09 and 1.56 for the code
-// before).
+// The simulated H200 agrees when multi runs as many goroutines per
+// process as on the H200's 16-core host (-g 16, seeds 5 to 8): 0.54, 0.54
+// and 0.48 calls per operation with 1024, 0.55, 0.66 and 0.62 with 256,
+// 1.22, 0.93 and 0.88 before; failures still within 90% at return 0, 0
+// and 0 with 1024, 0, 9 and 233 with 256. With two goroutines (a 2-core
+// machine's default) a process fails a quarter as many requests, gathers
+// memory more often, and 1024 makes more calls than 256 (1.75 against
+// 1.33 at K = 2).
 const sharedHandleDivisor = 1024
 
 // setShared tells a VMM heap, before it grows, whether other processes
