@@ -201,7 +201,8 @@ func TestACappedPoolGrowsInLargerHandlesOnASharedDevice(t *testing.T) {
 		most     uint64 // pages per handle at most
 		severalN bool   // some handles of several pages
 	}{
-		{"MaxFraction", Options{MaxFraction: 0.5}, 4, true}, // 8 GiB / 1024 = 4 pages
+		{"MaxFraction", Options{MaxFraction: 0.5}, 4, true},  // 8 GiB / 1024 = 4 pages
+		{"a small cap", Options{MaxBytes: 2 * giB}, 4, true}, // 8 MiB, as a 256th of 2 GiB
 		{"ReleaseFraction", Options{ReleaseFraction: 0.03}, 1, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -236,32 +237,44 @@ func TestACappedPoolGrowsInLargerHandlesOnASharedDevice(t *testing.T) {
 
 // Other processes that hold little of the device (less than
 // sharedFraction) make it shared once they hold sharedGrowthFraction of it
-// more than at New: processes started together fill the device together,
-// and one-page handles mapped before any of them reached a sixteenth cost
-// a third of all driver calls in tlsf-stress multi. What they held at New
-// (their contexts, say) does not count.
-func TestACappedPoolGrowsInLargerHandlesOnceOthersGrowSinceNew(t *testing.T) {
+// (and sharedGrowthMin) more than at New or at any growth since:
+// processes started together fill the device together, and one-page
+// handles mapped before any of them reached a sixteenth cost a third of
+// all driver calls in tlsf-stress multi. What they held at New (their
+// contexts, say) does not count; memory they took after leaving does.
+func TestACappedPoolGrowsInLargerHandlesOnceOthersGrow(t *testing.T) {
 	for _, c := range []struct {
 		name          string
-		before, after uint64 // bytes other processes take before and after New
+		before, after uint64 // bytes other processes hold at New, and take after it
+		left          bool   // those of before leave after New, before a first growth
 		several       bool
 	}{
-		{"others grew since New", 256 * miB, 256 * miB, true}, // 256 MiB more ≥ 16 GiB / 128
-		{"others as at New", 512 * miB, 0, false},             // 1/32 of the device: not shared
-		{"others grew a little", 256 * miB, 64 * miB, false},  // less than 1/128 more
+		{"others grew since New", 8 * giB, 8 * giB, false, true}, // 8 GiB more ≥ 512 GiB / 128
+		{"others as at New", 16 * giB, 0, false, false},          // 1/32 of the device: not shared
+		{"others grew a little", 8 * giB, 2 * giB, false, false}, // less than 1/128 more
+		{"others left, others came", 16 * giB, 8 * giB, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			sd := sim.New(sim.Config{Capacity: 16 * giB})
+			sd := sim.New(sim.Config{Capacity: 512 * giB})
 			require.NoError(t, sd.Occupy(c.before))
-			t.Cleanup(func() { sd.Vacate(c.before + c.after) })
+			held := c.before
+			t.Cleanup(func() { sd.Vacate(held) })
 			d := onSim(sd)
-			p := openPool(t, d, Options{Backend: BackendVMM, MaxFraction: 0.5, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+			p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 8 * giB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+			if c.left {
+				sd.Vacate(c.before)
+				held = 0
+				first, err := p.Alloc(2 * miB) // a growth sees the device as the others left it
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = p.Free(first) })
+			}
 			require.NoError(t, sd.Occupy(c.after))
+			held += c.after
 			a, err := p.Alloc(200 * miB) // 100 pages
 			require.NoError(t, err)
 			var several uint64
 			for i, k := range mappings(p) {
-				assert.LessOrEqual(t, k, uint64(4), "mapping %d: 8 GiB / 1024 = 4 pages at most", i)
+				assert.LessOrEqual(t, k, uint64(4), "mapping %d: 8 MiB at most (8 GiB / 1024)", i)
 				if k > 1 {
 					several++
 				}

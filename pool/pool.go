@@ -45,11 +45,12 @@ type Pool struct {
 	ss   *streamSet
 
 	total uint64 // device memory in bytes, at New
-	// othersAtNew is what the pool did not hold of the device at New:
-	// total − free as cuMemGetInfo reported them then (the process's own
-	// context included), for setShared.
-	othersAtNew uint64
-	pitchAlign  uint64 // cuMemAllocPitch's pitch unit, probed on first use
+	// othersLow is the least that others (other processes, and this
+	// one outside the pool: its context, say) held of the device in bytes
+	// at New and at any growth since: total − free − reserved as
+	// cuMemGetInfo reported them then (setShared).
+	othersLow  uint64
+	pitchAlign uint64 // cuMemAllocPitch's pitch unit, probed on first use
 	// probe is the pitch probe's allocation (probeBytes bytes) when the
 	// driver refused to free it: still the pool's and counted as reserved,
 	// freed again at the next pitch allocation and at Close.
@@ -120,7 +121,7 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 		return nil, err
 	}
 	p.total = total
-	p.othersAtNew = total - min(total, free)
+	p.othersLow = total - min(total, free)
 	if p.backend == BackendAuto {
 		p.backend = BackendChunks
 		if dev.VMMSupported() {
@@ -787,24 +788,30 @@ const releaseHandleDivisor = 2
 // sim.H200ContextBytes), far less than one other training job.
 const sharedFraction = 1.0 / 16
 
-// sharedGrowthFraction: other processes holding at least this fraction of
-// the device's total memory more than they held at New (othersAtNew) also
-// make it shared (Pool.setShared). Jobs started together each see the
-// others hold little at first: with sharedFraction alone, each mapped its
-// first sixteenth or more of the device (5,600 pages of 2 MiB per process
-// in tlsf-stress multi, K = 2, on the simulated H200) in one-page handles,
-// and released them one by one as they moved, a third of its driver calls.
-// 1/128 is 1.1 GiB on an H200: more than another process's context, which
-// is there at New anyway when jobs start together. What others held at
-// New does not count here, so that a pool alone on its GPU with a few idle
-// contexts beside it keeps one-page handles.
-const sharedGrowthFraction = 1.0 / 128
+// sharedGrowthFraction and sharedGrowthMin: other processes holding more
+// than they held at New, or at any growth since (othersLow), by at least
+// this fraction of the device's total memory and at least sharedGrowthMin
+// bytes also make it shared (Pool.setShared). Jobs started together each
+// see the others hold little at first: with sharedFraction alone, each
+// mapped its first sixteenth or more of the device (5,600 pages of 2 MiB
+// per process in tlsf-stress multi, K = 2, on the simulated H200) in
+// one-page handles, and released them one by one as they moved, a third
+// of its driver calls. 1/128 is 1.1 GiB on an H200; 2 GiB is more than
+// three idle contexts of other processes (526 MiB each on an H200,
+// sim.H200ContextBytes) or a library's workspace outside the pool, so a
+// pool alone on its GPU keeps one-page handles when those appear after
+// New.
+const (
+	sharedGrowthFraction = 1.0 / 128
+	sharedGrowthMin      = 2 << 30
+)
 
 // sharedHandleDivisor bounds those handles to 1/1024 of the cap (up to
 // maxHandlePages, 128 MiB, from a cap of 128 GiB): memory in handles
 // partly in use cannot move, and small handles keep it a small part of
-// what a pool within 90% of its cap has free. Caps below 4 GiB get
-// one-page handles.
+// what a pool within 90% of its cap has free. Caps below 8 GiB get
+// handles of up to 8 MiB or a 256th of the cap, whichever is smaller, as
+// all caps did before (below 1 GiB, one page).
 //
 // Measured on the H200 (2026-12-02, tlsf-stress multi --ops 20000, seeds 3
 // and 4, medians over the processes; bench/multi/h200), K = 2, 3, 4:
@@ -830,8 +837,10 @@ const sharedHandleDivisor = 1024
 // setShared tells a VMM heap, before it grows, whether other processes
 // hold much of the device: total − free − the pool's own reserved memory,
 // with free as cuMemGetInfo just read it, at least sharedFraction of the
-// total, or sharedGrowthFraction of it more than at New. A growth of a capped pool on a shared device then maps the
-// interior of its block in larger handles rather than one-page ones
+// total, or more than they held at New or any growth since by
+// sharedGrowthFraction of the total and sharedGrowthMin. A growth of a
+// capped pool on a shared device then maps the interior of its block in
+// larger handles rather than one-page ones
 // (vmmHeap.growthRange; for a block aligned above a page, the free head
 // the alignment cuts off may share them). A pool with no cap is left
 // alone (under ReleaseFraction its handles are sized to its peak:
@@ -847,9 +856,11 @@ const sharedHandleDivisor = 1024
 // one-page handles costs a cuMemCreate and a cuMemMap per 2 MiB to fill
 // it and a cuMemUnmap and a cuMemRelease per 2 MiB to move it. Measured
 // with tlsf-stress multi, K processes at 1/K each, 1.5× oversubscribed,
-// 20,000 operations each, this rule, the early release of spares in
-// mapRun and the 90% rule's rounding (mayRecycle) against the code before
-// them, in the same run (2026-12-01): on the H200, K = 2
+// 20,000 operations each, the rule of a sixteenth (sharedFraction), the
+// early release of spares in mapRun and the 90% rule's rounding
+// (mayRecycle) against the code before them, in the same run
+// (2026-12-01; sharedGrowthFraction and sharedHandleDivisor give the
+// figures since): on the H200, K = 2
 // at 1,984 operations per second per process and 9.99 driver calls per
 // operation against 1,595 and 11.71, K = 4 at 1,508 and 6.67 against
 // 1,270 and 7.37 (medians over three seeds); on the simulated H200, with
@@ -867,9 +878,12 @@ func (p *Pool) setShared(free uint64) {
 		return // no cap: large handles, or ReleaseFraction's (setFine)
 	}
 	others := p.total - min(p.total, free+p.reserved())
-	grown := others - min(others, p.othersAtNew)
-	if float64(others) >= sharedFraction*float64(p.total) || float64(grown) >= sharedGrowthFraction*float64(p.total) {
-		h.sharedPages = limit / sharedHandleDivisor / h.gran
+	p.othersLow = min(p.othersLow, others)
+	grown := others - p.othersLow
+	if float64(others) >= sharedFraction*float64(p.total) || grown >= max(uint64(sharedGrowthFraction*float64(p.total)), sharedGrowthMin) {
+		// At least a 1024th of the cap, and for caps of up to 4 GiB up
+		// to 8 MiB, as a 256th was before (sharedHandleDivisor).
+		h.sharedPages = max(limit/sharedHandleDivisor, min(limit/256, 8<<20)) / h.gran
 	}
 }
 
