@@ -245,17 +245,25 @@ func TestACappedPoolGrowsInLargerHandlesOnASharedDevice(t *testing.T) {
 func TestACappedPoolGrowsInLargerHandlesOnceOthersGrow(t *testing.T) {
 	for _, c := range []struct {
 		name          string
+		capacity      uint64 // the device's bytes (0: 512 GiB)
 		before, after uint64 // bytes other processes hold at New, and take after it
 		left          bool   // those of before leave after New, before a first growth
 		several       bool
 	}{
-		{"others grew since New", 8 * giB, 8 * giB, false, true}, // 8 GiB more ≥ 512 GiB / 128
-		{"others as at New", 16 * giB, 0, false, false},          // 1/32 of the device: not shared
-		{"others grew a little", 8 * giB, 2 * giB, false, false}, // less than 1/128 more
-		{"others left, others came", 16 * giB, 8 * giB, true, true},
+		{"others grew since New", 0, 8 * giB, 8 * giB, false, true}, // 8 GiB more ≥ 512 GiB / 128
+		{"others as at New", 0, 16 * giB, 0, false, false},          // 1/32 of the device: not shared
+		{"others grew a little", 0, 8 * giB, 2 * giB, false, false}, // less than 1/128 more
+		{"others left, others came", 0, 16 * giB, 8 * giB, true, true},
+		// 512 MiB more is 1/32 of a 16 GiB device, but less than sharedGrowthMin.
+		{"a small device, others grew by a context", 16 * giB, 0, 512 * miB, false, false},
+		{"a small device, others took a sixteenth", 16 * giB, 0, 1 * giB, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			sd := sim.New(sim.Config{Capacity: 512 * giB})
+			capacity := c.capacity
+			if capacity == 0 {
+				capacity = 512 * giB
+			}
+			sd := sim.New(sim.Config{Capacity: capacity})
 			require.NoError(t, sd.Occupy(c.before))
 			held := c.before
 			t.Cleanup(func() { sd.Vacate(held) })

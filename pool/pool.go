@@ -796,14 +796,19 @@ const sharedFraction = 1.0 / 16
 // mapped its first sixteenth or more of the device (5,600 pages of 2 MiB
 // per process in tlsf-stress multi, K = 2, on the simulated H200) in
 // one-page handles, and released them one by one as they moved, a third
-// of its driver calls. 1/128 is 1.1 GiB on an H200; 2 GiB is more than
-// three idle contexts of other processes (526 MiB each on an H200,
-// sim.H200ContextBytes) or a library's workspace outside the pool, so a
-// pool alone on its GPU keeps one-page handles when those appear after
-// New.
+// of its driver calls. 1/128 is 1.1 GiB on an H200, two idle contexts
+// of other processes (526 MiB each there, sim.H200ContextBytes); on a
+// smaller GPU, sharedGrowthMin keeps a context or a library's workspace
+// that appears after New from making a pool alone on it shared (on a
+// 16 GiB GPU it equals sharedFraction). A pool that counts the device as
+// shared wrongly maps larger handles and may need a slightly larger cap.
+// On the H200 (tlsf-stress multi, K = 2, seeds 5 and 6) a minimum of 2
+// GiB, which delays the switch, made 1.17 calls per operation against
+// 0.88 for seeds 1 to 4 with 1/128 alone (the code before: 1.80 and
+// 1.62).
 const (
 	sharedGrowthFraction = 1.0 / 128
-	sharedGrowthMin      = 2 << 30
+	sharedGrowthMin      = 1 << 30
 )
 
 // sharedHandleDivisor bounds those handles to 1/1024 of the cap (up to
