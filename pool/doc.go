@@ -99,10 +99,11 @@
 // allocations, so that its memory can move 2 MiB at a time to fit its
 // cap, and while other processes hold a sixteenth of the device or more,
 // or a 128th (and 1 GiB) more than at New or any growth since (as its
-// last growth found: jobs started together), its growths, and its mappings of released pages under a
-// block, map each block's interior in larger ones (up to a 1024th of
-// its cap), as moving memory between processes page by page costs a
-// driver call per 2 MiB (Pool.setShared in pool.go).
+// last growth found: jobs started together), its growths, and its
+// mappings of released pages under a block, map each block's interior in
+// larger ones (up to a 1024th of its cap), as moving memory between
+// processes page by page costs a driver call per 2 MiB (Pool.setShared in
+// pool.go).
 //
 // # Out of memory
 //
