@@ -829,11 +829,14 @@ const (
 // within at return: none with 1024, 0, 1 and 3 before. Smaller handles
 // leave less memory pinned under the live part of a handle, so fewer
 // pages move per request; much smaller ones cost a cuMemMap per handle.
-// The simulated H200 agrees when multi runs as many goroutines per
-// process as on the H200's 16-core host (-g 16, seeds 5 to 8): 0.54, 0.54
-// and 0.48 calls per operation with 1024, 0.55, 0.66 and 0.62 with 256,
-// 1.22, 0.93 and 0.88 before; failures still within 90% at return 0, 0
-// and 0 with 1024, 0, 9 and 233 with 256. With two goroutines (a 2-core
+// The final code (with sharedGrowthMin and othersLow), seeds 5 and 6:
+// 1.10, 0.77 and 0.94 at 3,241, 3,105 and 3,052, against 1.67, 1.44 and
+// 1.99 at 3,078, 2,233 and 2,120 before. The simulated H200 agrees when
+// multi runs as many goroutines per process as on the H200's 16-core
+// host (-g 16, seeds 5 to 8): 0.54, 0.54 and 0.48 calls per operation
+// with 1024, 0.55, 0.66 and 0.62 with 256, 1.22, 0.93 and 0.88 before;
+// failures still within 90% at return 0, 0 and 0 with 1024, 0, 9 and 233
+// with 256. With two goroutines (a 2-core
 // machine's default) a process fails a quarter as many requests, gathers
 // memory more often, and 1024 makes more calls than 256 (1.75 against
 // 1.33 at K = 2).
