@@ -73,11 +73,7 @@ type Pool struct {
 	// pressure is 1 + c.allocs at the last failed allocation, 0: none
 	// (mayRecycle, share.go).
 	pressure uint64
-	seen     seenFree // the device's free memory as this request's growth read it (share.go)
-	// backFree is the device's free memory as fullFor just read it for a
-	// mapping it found room for, for that mapping to size its handles by
-	// (vmmHeap.freeHint) instead of asking again (backPlaced).
-	backFree seenFree
+	seen     seenFree   // the device's free memory as this request's growth read it (share.go)
 	full     fullDevice // a device found full, and the limit it set (share.go)
 	scav     *scavenger // nil unless FreeFloorFraction is set (scavenge.go)
 }
@@ -440,14 +436,7 @@ func (p *Pool) backPlaced(b tlsf.Block, size, need uint64) error {
 		_, _ = p.x.Free(b.Addr)
 		return errNoRoom
 	}
-	h, vmm := p.heap.(*vmmHeap)
-	if vmm && p.backFree.ok {
-		h.freeHint, h.freeHintOK = p.backFree.free, true
-	}
 	err := p.heap.back(b)
-	if vmm {
-		h.freeHintOK = false // one mapping's: never a later one's
-	}
 	p.noteMapping()
 	if err != nil {
 		_, _ = p.x.Free(b.Addr)

@@ -368,7 +368,6 @@ func (p *Pool) placeMapped(h *vmmHeap, b tlsf.Block, need uint64, alloc func() (
 // mapping first (they count as reserved already), and not past a full
 // device's limit without room (fullFor).
 func (p *Pool) roomToBack(size, need uint64) bool {
-	p.backFree = seenFree{}
 	capped, limit, _ := p.cap()
 	if capped && p.reserved()+need-min(need, p.heap.spare()) > limit {
 		return false
@@ -409,9 +408,7 @@ func (p *Pool) pastLimit(more uint64) bool {
 // or, for a request beyond recycleLiveFraction of the cap, the pool does
 // not look at the device for this request (skipLook). Where cuMemGetInfo
 // fails, it reports false: the mapping's cuMemCreate decides, and a
-// failure there is the driver's own error. Where it looked and found
-// room, the mapping that follows sizes its handles by what it read
-// (backFree) rather than asking the driver again.
+// failure there is the driver's own error.
 func (p *Pool) fullFor(size, need uint64) bool {
 	add := need - min(need, p.heap.spare())
 	if !p.pastLimit(add) {
@@ -426,11 +423,7 @@ func (p *Pool) fullFor(size, need uint64) bool {
 		return false // the mapping's cuMemCreate decides
 	}
 	p.seen = seenFree{free: free, ok: true} // this request's look, for its error
-	if !p.looked(free >= add, add, within) {
-		return true
-	}
-	p.backFree = p.seen // the mapping that follows sizes its handles by it
-	return false
+	return !p.looked(free >= add, add, within)
 }
 
 // fullProbeSkips is how many requests beyond recycleLiveFraction of the

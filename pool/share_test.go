@@ -597,10 +597,8 @@ func TestAFullDevicesLimitRisesInAPoolWithoutACap(t *testing.T) {
 	p.mu.Unlock()
 	infos := func() uint64 { return p.Stats().DeviceCalls[device.CallMemGetInfo] }
 
-	before := infos()
 	a, err := p.Alloc(128 * miB)
 	require.NoError(t, err, "room: served")
-	assert.Equal(t, uint64(1), infos()-before, "one look: the mapping sizes its handles by what it read")
 	p.mu.Lock()
 	full, limit := p.full.on, p.full.limit
 	p.mu.Unlock()
