@@ -836,10 +836,9 @@ const (
 // host (-g 16, seeds 5 to 8): 0.54, 0.54 and 0.48 calls per operation
 // with 1024, 0.55, 0.66 and 0.62 with 256, 1.22, 0.93 and 0.88 before;
 // failures still within 90% at return 0, 0 and 0 with 1024, 0, 9 and 233
-// with 256. With two goroutines (a 2-core
-// machine's default) a process fails a quarter as many requests, gathers
-// memory more often, and 1024 makes more calls than 256 (1.75 against
-// 1.33 at K = 2).
+// with 256. With two goroutines (a 2-core machine's default) a process
+// fails a quarter as many requests, gathers memory more often, and 1024
+// makes more calls than 256 (1.75 against 1.33 at K = 2).
 const sharedHandleDivisor = 1024
 
 // setShared tells a VMM heap, before it grows, whether other processes
@@ -848,11 +847,10 @@ const sharedHandleDivisor = 1024
 // total, or more than they held at New or any growth since by
 // sharedGrowthFraction of the total and sharedGrowthMin. A growth of a
 // capped pool on a shared device then maps the interior of its block in
-// larger handles rather than one-page ones
-// (vmmHeap.growthRange; for a block aligned above a page, the free head
-// the alignment cuts off may share them). A pool with no cap is left
-// alone (under ReleaseFraction its handles are sized to its peak:
-// setFine).
+// larger handles rather than one-page ones (vmmHeap.growthRange; for a
+// block aligned above a page, the free head the alignment cuts off may
+// share them). A pool with no cap is left alone (under ReleaseFraction
+// its handles are sized to its peak: setFine).
 //
 // One-page handles let a pool fit under its cap (setFine): alone on a
 // GPU, it moves memory 2 MiB at a time to where its next block goes, and
@@ -889,8 +887,8 @@ func (p *Pool) setShared(free uint64) {
 	p.othersLow = min(p.othersLow, others)
 	grown := others - p.othersLow
 	if float64(others) >= sharedFraction*float64(p.total) || grown >= max(uint64(sharedGrowthFraction*float64(p.total)), sharedGrowthMin) {
-		// At least a 1024th of the cap, and for caps of up to 4 GiB up
-		// to 8 MiB, as a 256th was before (sharedHandleDivisor).
+		// A 1024th of the cap; below 8 GiB, 8 MiB or a 256th of it,
+		// whichever is smaller, as before (sharedHandleDivisor).
 		h.sharedPages = max(limit/sharedHandleDivisor, min(limit/256, 8<<20)) / h.gran
 	}
 }
