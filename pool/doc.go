@@ -98,12 +98,13 @@
 // There is nothing else to set: a capped pool maps one-page physical
 // allocations, so that its memory can move 2 MiB at a time to fit its
 // cap, and while other processes hold a sixteenth of the device or more,
-// or a 128th (and 1 GiB) more than at New or any growth since (as its
-// last growth found: jobs started together), its growths, and its
+// or a 128th (and 1 GiB) more than the least they held since New (so that
+// jobs started together, which each see the others hold little at
+// first, find out soon), as its last growth found, its growths, and its
 // mappings of released pages under a block, map each block's interior in
-// larger ones (up to a 1024th of its cap), as moving memory between
-// processes page by page costs a driver call per 2 MiB (Pool.setShared in
-// pool.go).
+// larger ones (up to a 1024th of its cap; below a cap of 8 GiB, 8 MiB or
+// a 256th of it), as moving memory between processes page by page costs
+// a driver call per 2 MiB (Pool.setShared in pool.go).
 //
 // # Out of memory
 //
