@@ -696,7 +696,8 @@ func (p *Pool) noteFragmentation(room, tail uint64) {
 	// Released pages (holes) are free address space, not memory: those
 	// outside the top are subtracted here, those under it with the top.
 	holes := h.holes*h.gran - min(h.holes*h.gran, tail)
-	free := p.x.FreeBytes() - min(p.x.FreeBytes(), top+holes)
+	all := p.x.FreeBytes()
+	free := all - min(all, top+holes)
 	if free >= room && float64(free) >= severeFragmentation*float64(p.reserved()) {
 		p.x.SetWilderness(true)
 		p.logEvent(slog.LevelInfo, "tlsf pool: fragmentation is severe, the free top of the heap is kept for requests nothing else holds from now on",
@@ -841,6 +842,15 @@ const (
 // makes more calls than 256 (1.75 against 1.33 at K = 2).
 const sharedHandleDivisor = 1024
 
+// smallCapHandleDivisor and smallCapHandleMax bound a shared device's
+// handles below a cap of 8 GiB, where a 1024th of the cap is under 8 MiB:
+// a 256th of the cap, at most 8 MiB, as every cap had before
+// sharedHandleDivisor became 1024 (setShared).
+const (
+	smallCapHandleDivisor = 256
+	smallCapHandleMax     = 8 << 20
+)
+
 // setShared tells a VMM heap, before it grows, whether other processes
 // hold much of the device: total − free − the pool's own reserved memory,
 // with free as cuMemGetInfo just read it, at least sharedFraction of the
@@ -887,9 +897,8 @@ func (p *Pool) setShared(free uint64) {
 	p.othersLow = min(p.othersLow, others)
 	grown := others - p.othersLow
 	if float64(others) >= sharedFraction*float64(p.total) || grown >= max(uint64(sharedGrowthFraction*float64(p.total)), sharedGrowthMin) {
-		// A 1024th of the cap; below 8 GiB, 8 MiB or a 256th of it,
-		// whichever is smaller, as before (sharedHandleDivisor).
-		h.sharedPages = max(limit/sharedHandleDivisor, min(limit/256, 8<<20)) / h.gran
+		small := min(limit/smallCapHandleDivisor, smallCapHandleMax)
+		h.sharedPages = max(limit/sharedHandleDivisor, small) / h.gran
 	}
 }
 
