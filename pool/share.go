@@ -35,9 +35,11 @@ package pool
 //     wholly free chunks up to that amount instead. It fails if that
 //     fails;
 //  4. remembers the failure (oomMemo): until the pool next frees a block
-//     under its lock, a request at least as large fails at once after the
-//     growth attempt (which still sees memory other processes gave back),
-//     skipping steps 1 to 3, at most oomMemoSkips times in a row;
+//     under its lock or maps new memory (a growth, or holes backed with
+//     memory beyond the spares), a request at least as large fails at
+//     once after the growth attempt (which still sees memory other
+//     processes gave back), skipping steps 1 to 3, at most oomMemoSkips
+//     times in a row;
 //  5. remembers a full device: after the driver refuses a cuMemCreate,
 //     the memory the pool holds is its limit, and holes are backed with
 //     its own memory (moved as in step 2), not new memory, unless
@@ -64,34 +66,45 @@ type seenFree struct {
 
 // oomMemo is the last request the out-of-memory path failed.
 type oomMemo struct {
-	size  uint64 // bytes; 0: no failure remembered
-	frees uint64 // counters.frees at the failure
-	skips int    // requests failed from the memo since
+	size   uint64 // bytes; 0: no failure remembered
+	frees  uint64 // counters.frees at the failure
+	mapped uint64 // Pool.mappedEver at the failure
+	skips  int    // requests failed from the memo since
 }
 
 // remembered reports whether a request of size bytes is bound to fail as
-// the remembered one did, and counts the skip.
+// the remembered one did, and counts the skip: it is at least as large,
+// and since the failure the pool freed no block under its lock and mapped
+// no new memory. (Memory a growth gained may serve it: a growth after a
+// neighbour left may take the whole device, and a request that best fit
+// then places on released pages needs the mapped free memory the growth
+// left, which only the out-of-memory path's search finds.)
 func (p *Pool) remembered(size uint64) bool {
 	m := &p.oom
-	if m.size == 0 || size < m.size || p.c.frees != m.frees || m.skips >= oomMemoSkips {
+	if m.size == 0 || size < m.size || p.c.frees != m.frees || p.mappedEver() != m.mapped || m.skips >= oomMemoSkips {
 		return false
 	}
 	m.skips++
 	return true
 }
 
+// mappedEver is the memory in bytes the pool holds plus all it has
+// released (Stats.ReleasedBytes): it grows with every mapping of new
+// memory, and stays as it is while pages move to the spares or back.
+func (p *Pool) mappedEver() uint64 { return p.reserved() + p.c.releasedBytes }
+
 // rememberOOM records a failed request of size bytes.
 func (p *Pool) rememberOOM(size uint64) {
 	p.pressure = p.c.allocs + 1
-	s := size
-	if p.oom.size != 0 && p.oom.frees == p.c.frees {
-		s = min(s, p.oom.size)
-	}
+	s, mapped := size, p.mappedEver()
 	skips := 0
-	if p.oom.frees == p.c.frees {
+	if p.oom.frees == p.c.frees && p.oom.mapped == mapped { // nothing changed since the last failure
+		if p.oom.size != 0 {
+			s = min(s, p.oom.size)
+		}
 		skips = p.oom.skips // allocMiss resets it when the whole path runs
 	}
-	p.oom = oomMemo{size: s, frees: p.c.frees, skips: skips}
+	p.oom = oomMemo{size: s, frees: p.c.frees, mapped: mapped, skips: skips}
 }
 
 // releaseFor makes room for a request of size bytes aligned to align

@@ -624,3 +624,40 @@ func TestAFullDevicesLimitRisesInAPoolWithoutACap(t *testing.T) {
 	assert.Equal(t, looks(), below, "below the limit: no look of its own")
 	checkStep(t, p, d)
 }
+
+// A remembered failure is forgotten once the pool grows: the memory it
+// gained may serve what failed. Here a 2 MiB request fails on a full
+// device (remembered); the neighbour leaves, a 40 MiB request grows the
+// pool over the whole device, and a 3 MiB request, which best fit places
+// on released pages the device can no longer back, is served from the
+// mapped free memory the growth left (it failed from the memo before).
+func TestARememberedFailureIsForgottenAfterAGrowth(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: 64 * miB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1.0 / 4096, Cache: CacheOptions{Disable: true}})
+	a, err := p.Alloc(8 * miB)
+	require.NoError(t, err)
+	b, err := p.Alloc(8 * miB)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(a))
+	_, err = p.Trim()
+	require.NoError(t, err)
+	require.Equal(t, uint64(8*miB), p.Stats().Reserved, "a's pages released: holes under the bottom free block")
+	require.NoError(t, sd.Occupy(56*miB))
+	_, err = p.Alloc(2 * miB)
+	require.ErrorIs(t, err, ErrOutOfMemory, "the device is full")
+	sd.Vacate(56 * miB)
+	p.mu.Lock()
+	p.opts.GrowFraction = 1 // the next growth takes the whole device
+	p.mu.Unlock()
+	c, err := p.Alloc(40 * miB)
+	require.NoError(t, err)
+	require.Equal(t, uint64(64*miB), p.Stats().Reserved, "the growth took the whole device")
+	e, err := p.Alloc(3 * miB)
+	require.NoError(t, err, "16 MiB mapped and free at the top of the heap")
+	checkStep(t, p, d)
+	for _, ptr := range []uintptr{b, c, e} {
+		require.NoError(t, p.Free(ptr))
+	}
+	checkStep(t, p, d)
+}
