@@ -408,7 +408,10 @@ func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool
 var errNoRoom = errors.New("pool: cap reached")
 
 // search allocates from the index and backs the block with device memory
-// (VMM holes), within the cap. On error the index is unchanged.
+// (VMM holes), within the cap. Where the block placed lies on released
+// pages that cannot be backed (the cap, or a full device), it takes a
+// free block that lies on none, if one is among those the out-of-memory
+// path would weigh (searchMapped). On error the index is unchanged.
 func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 	b, err := p.place(size, align)
 	if err != nil {
@@ -421,10 +424,52 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 		}
 		p.setFine(b.Size)
 		if err := p.backPlaced(b, size, need); err != nil {
+			if retryable(err) {
+				if m, ok := p.searchMapped(size, align); ok {
+					return m, nil
+				}
+			}
 			return tlsf.Block{}, err
 		}
 	}
 	return b, nil
+}
+
+// searchMapped looks for a free block for size bytes aligned to align
+// that lies wholly on mapped pages, among the placeCandidates blocks the
+// pool's placement gives (placeMapped), and allocates it; else the index
+// is as it was. No driver call: index operations and a walk over each
+// candidate's pages. A request that best fit places on released pages
+// while the pool holds enough mapped free memory elsewhere is so served
+// without the out-of-memory path (a flush of the caches, a wait for
+// pending frees) and without moving pages.
+//
+// Measured on the simulated H200 (2026-12-02, tlsf-stress multi -g 16,
+// 20,000 operations, seeds 5 to 16, medians over the processes, against
+// the out-of-memory path serving these requests, in the same run): K = 2,
+// 0.574 driver calls per operation against 0.571; K = 4, 0.491 against
+// 0.528 (5 of 48 processes above one against 10); whole out-of-memory
+// paths run 69k against 107k (K = 2) and 127k against 214k (K = 4);
+// failures within 90% of the share 1 and 18 against 6 and 28. Smallest
+// feasible caps on the nine traces: all within 1.006 × peak live (deeplab
+// 1.0057 against 1.0035, the others within 0.0007).
+func (p *Pool) searchMapped(size, align uint64) (tlsf.Block, bool) {
+	h, ok := p.heap.(*vmmHeap)
+	if !ok {
+		return tlsf.Block{}, false
+	}
+	alloc := func() (tlsf.Block, error) { return p.place(size, align) }
+	b, err := alloc()
+	if err != nil {
+		return tlsf.Block{}, false
+	}
+	if need := h.unbacked(b); need > 0 {
+		if b, need = p.placeMapped(h, b, need, alloc); need > 0 {
+			_, _ = p.x.Free(b.Addr)
+			return tlsf.Block{}, false
+		}
+	}
+	return b, true
 }
 
 // backPlaced maps the need bytes of holes under block b, just placed in

@@ -11,7 +11,11 @@ package pool
 // then map what the request needed: under contention each failure undid
 // the pool's own cache of memory, and the next request mapped it again
 // (on an H200, about 100 cuMemCreate per successful allocation with two
-// processes oversubscribed 1.5×). Now it
+// processes oversubscribed 1.5×). A block that best fit places on
+// released pages the pool cannot back (at the cap, or on a full device)
+// is first exchanged for a free block lying wholly on mapped pages, if
+// one is among the 32 candidates of step 2 (Pool.searchMapped), with no
+// driver call. Where none is, the path runs: it
 //
 //  1. flushes the per-P caches and waits for pending stream-ordered frees,
 //     as before;

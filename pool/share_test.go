@@ -661,3 +661,42 @@ func TestARememberedFailureIsForgottenAfterAGrowth(t *testing.T) {
 	}
 	checkStep(t, p, d)
 }
+
+// A request that best fit places on released pages the pool cannot back
+// (here a full device) is served from a free block lying on mapped pages,
+// without the out-of-memory path and without mapping anything
+// (Pool.searchMapped). The pool did not know the device was full: its one
+// cuMemCreate for the holes is refused first.
+func TestARequestOnReleasedPagesTakesMappedMemoryFirst(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: 64 * miB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1.0 / 4096, Cache: CacheOptions{Disable: true}})
+	var ptrs []uintptr
+	for _, n := range []uint64{22, 2, 26, 2, 12} {
+		ptr, err := p.Alloc(n * miB)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	require.NoError(t, p.Free(ptrs[0]))
+	_, err := p.Trim()
+	require.NoError(t, err)
+	require.Equal(t, uint64(42*miB), p.Stats().Reserved, "the 22 MiB block's pages released")
+	require.NoError(t, sd.Occupy(22*miB))
+	require.NoError(t, p.Free(ptrs[2]))
+	before := p.Stats()
+	ptr, err := p.Alloc(20 * miB)
+	require.NoError(t, err)
+	after := p.Stats()
+	assert.Equal(t, ptrs[2], ptr, "the 26 MiB block, mapped, rather than the 22 MiB one best fit gives")
+	assert.Equal(t, before.Retries, after.Retries, "no out-of-memory path")
+	assert.Equal(t, before.DeviceCalls[device.CallMemMap], after.DeviceCalls[device.CallMemMap], "nothing mapped")
+	assert.Equal(t, before.DeviceCalls[device.CallMemCreate]+1, after.DeviceCalls[device.CallMemCreate], "one cuMemCreate, refused")
+	assert.Equal(t, before.Reserved, after.Reserved)
+	require.NoError(t, sd.MemsetD32(ptr, 1, wordCount(20*miB)))
+	checkStep(t, p, d)
+	for _, q := range []uintptr{ptr, ptrs[1], ptrs[3], ptrs[4]} {
+		require.NoError(t, p.Free(q))
+	}
+	sd.Vacate(22 * miB)
+	checkStep(t, p, d)
+}
