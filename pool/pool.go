@@ -437,7 +437,7 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 
 // searchMapped looks for a free block for size bytes aligned to align
 // that lies wholly on mapped pages, among the placeCandidates blocks the
-// pool's placement gives (placeMapped), and allocates it; else the index
+// pool's placement gives (placeFewestHoles), and allocates it; else the index
 // is as it was. No driver call: index operations and a walk over each
 // candidate's pages. A request that best fit places on released pages
 // while the pool holds enough mapped free memory elsewhere is so served
@@ -458,16 +458,13 @@ func (p *Pool) searchMapped(size, align uint64) (tlsf.Block, bool) {
 	if !ok {
 		return tlsf.Block{}, false
 	}
-	alloc := func() (tlsf.Block, error) { return p.place(size, align) }
-	b, err := alloc()
+	b, need, err := p.placeFewestHoles(h, size, align)
 	if err != nil {
 		return tlsf.Block{}, false
 	}
-	if need := h.unbacked(b); need > 0 {
-		if b, need = p.placeMapped(h, b, need, alloc); need > 0 {
-			_, _ = p.x.Free(b.Addr)
-			return tlsf.Block{}, false
-		}
+	if need > 0 {
+		_, _ = p.x.Free(b.Addr)
+		return tlsf.Block{}, false
 	}
 	return b, true
 }
