@@ -451,8 +451,9 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 // 0.528 (5 of 48 processes above one against 10); whole out-of-memory
 // paths run 69k against 107k (K = 2) and 127k against 214k (K = 4);
 // failures within 90% of the share 1 and 18 against 6 and 28. Smallest
-// feasible caps on the nine traces: all within 1.006 × peak live (deeplab
-// 1.0057 against 1.0035, the others within 0.0007).
+// feasible caps on the nine traces (replay --min-cap, three runs against
+// three): all within 1.006 × peak live; deeplab 1.0046–1.0057 against
+// 1.0035, the others within 0.0007 of before (runs differ by up to 0.0005).
 func (p *Pool) searchMapped(size, align uint64) (tlsf.Block, bool) {
 	h, ok := p.heap.(*vmmHeap)
 	if !ok {
