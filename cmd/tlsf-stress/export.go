@@ -138,16 +138,13 @@ func runExport(out io.Writer, dir string, args []string, text exportText) error 
 // writeOpsFile writes t's op list to file (see newExportCmd for the
 // format).
 func writeOpsFile(file string, t *trace.Trace) (*exportResult, error) {
-	f, err := os.Create(file)
+	var r *exportResult
+	err := writeFile(file, func(w io.Writer) (err error) {
+		r, err = writeOps(w, t)
+		return err
+	})
 	if err != nil {
 		return nil, err
-	}
-	r, err := writeOps(f, t)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, fmt.Errorf("export %s: %w", file, err)
 	}
 	r.File = file
 	return r, nil
@@ -161,24 +158,38 @@ func writeTextFile(file string, t *trace.Trace, comments []string) (*exportResul
 	if len(comments) > 0 {
 		c.Comments = comments
 	}
-	f, err := os.Create(file)
+	err := writeFile(file, func(w io.Writer) error {
+		zw := gzip.NewWriter(w)
+		err := trace.WriteText(zw, &c)
+		if cerr := zw.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	zw := gzip.NewWriter(f)
-	err = trace.WriteText(zw, &c)
-	if cerr := zw.Close(); err == nil {
-		err = cerr
+	return &exportResult{Trace: t.Name, Source: t.Source, Format: t.Format.String(), File: file, Ops: len(t.Ops),
+		Allocs: t.Allocs(), Frees: t.Frees(), PeakLiveBytes: t.PeakLive(), Skipped: t.Skipped}, nil
+}
+
+// writeFile creates file and writes it with write. On any error, of write
+// or of closing, it removes the file (no half-written trace is left) and
+// returns the error naming the file.
+func writeFile(file string, write func(io.Writer) error) error {
+	f, err := os.Create(file)
+	if err != nil {
+		return err
 	}
+	err = write(f)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		_ = os.Remove(file)
-		return nil, fmt.Errorf("export %s: %w", file, err)
+		return fmt.Errorf("export %s: %w", file, err)
 	}
-	return &exportResult{Trace: t.Name, Source: t.Source, Format: t.Format.String(), File: file, Ops: len(t.Ops),
-		Allocs: t.Allocs(), Frees: t.Frees(), PeakLiveBytes: t.PeakLive(), Skipped: t.Skipped}, nil
+	return nil
 }
 
 // writeOps writes t as an op list to w. The trace must satisfy Check
