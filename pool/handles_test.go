@@ -48,14 +48,19 @@ func TestAGrowthMapsOneHandle(t *testing.T) {
 	checkStep(t, p, d)
 }
 
+// A capped pool alone on its GPU maps one-page handles, so that its
+// memory can move 2 MiB at a time to fit its cap: with MaxBytes, and with
+// a MaxFraction above one half (at most one half declares the device
+// shared: TestADeclaredShareGrowsInLargerHandles).
 func TestCappedPoolsMapOnePageHandles(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		opts Options
 	}{
 		{"MaxBytes", Options{MaxBytes: 8 * giB}},
-		{"MaxFraction", Options{MaxFraction: 0.5}},
-		{"MaxFraction and ReleaseFraction", Options{MaxFraction: 0.5, ReleaseFraction: 0.1}},
+		{"MaxBytes of half the device", Options{MaxBytes: sim.H200Capacity / 2}},
+		{"MaxFraction", Options{MaxFraction: 0.75}},
+		{"MaxFraction and ReleaseFraction", Options{MaxFraction: 0.75, ReleaseFraction: 0.1}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := onSim(sim.New(sim.Config{}))
@@ -68,6 +73,51 @@ func TestCappedPoolsMapOnePageHandles(t *testing.T) {
 			require.Equal(t, s.Reserved/(2*miB), creates(p), "a handle per page")
 			checkStep(t, p, d)
 			require.NoError(t, p.Free(a))
+		})
+	}
+}
+
+// A MaxFraction of at most one half declares the device shared
+// (declaredShareFraction): alone on its GPU, such a pool's growths map the
+// interior of each block in handles of up to a 2048th of its cap, not one
+// page each, so that jobs started together do not each map thousands of
+// one-page handles before they see one another. Below a cap of 4 GiB a
+// 2048th is under a page: one-page handles. Trim returns every byte.
+func TestADeclaredShareGrowsInLargerHandles(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		fraction float64
+		most     uint64 // pages per handle at most
+	}{
+		{"one half", 0.5, 17},    // 71.9 GiB / 2048 = 35.9 MiB: 17 pages
+		{"one quarter", 0.25, 8}, // 35.9 MiB / 2 = 18 MiB: 8 pages
+		{"a small cap", 0.02, 1}, // 2.8 GiB / 2048 < 2 MiB
+		{"just above one half", 0.51, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := onSim(sim.New(sim.Config{}))
+			p := openPool(t, d, Options{Backend: BackendVMM, MaxFraction: c.fraction, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+			a, err := p.Alloc(300 * miB) // 150 pages
+			require.NoError(t, err)
+			var handles, several, largest uint64
+			for _, k := range mappings(p) {
+				handles++
+				largest = max(largest, k)
+				if k > 1 {
+					several++
+				}
+			}
+			assert.Equal(t, handles, creates(p))
+			assert.Equal(t, c.most, largest, "pages in the largest handle")
+			if c.most > 1 {
+				assert.Less(t, handles, p.Stats().Reserved/(2*miB), "fewer handles than pages")
+			}
+			checkStep(t, p, d)
+			require.NoError(t, p.Free(a))
+			_, err = p.Trim()
+			require.NoError(t, err)
+			assert.Zero(t, p.Stats().Reserved, "whole handles under free blocks go back")
+			checkStep(t, p, d)
 		})
 	}
 }

@@ -885,6 +885,37 @@ const (
 // makes more calls than 256 (1.75 against 1.33 at K = 2).
 const sharedHandleDivisor = 1024
 
+// declaredShareFraction and declaredShareHandleDivisor: a MaxFraction of
+// at most one half declares the device shared, since it leaves room for at
+// least one other job as large. Until others hold enough of it to make it
+// shared by the rules above, such a pool's growths map the interior of
+// each block in handles of up to a 2048th of its cap (one page below a cap
+// of 4 GiB), half the size the device's being shared gives: jobs started
+// together each grow alone at first, and the first to start mapped
+// thousands of one-page handles before the others held a 128th of the
+// device, which it later moved one by one (half a driver call per
+// operation in such a process on the H200: an instrumented run of
+// 2026-12-02, K = 2 and 4).
+//
+// Measured on the simulated H200 (tlsf-stress multi -g 16, 20,000
+// operations per process, seeds 13 to 20, 2026-12-02), K = 2, 3, 4, the
+// largest driver calls per operation of any process: 0.71, 0.73 and 1.27
+// against 1.24, 1.34 and 1.36 before (medians 0.48, 0.51, 0.49 against
+// 0.64, 0.51, 0.56; processes above 1: 4 of 72 against 8); with a 1024th
+// (as shared), 0.61, 0.82 and 1.12. The price is paid by a job alone on
+// its GPU at such a fraction: memory moves only in whole handles, so its
+// smallest feasible cap grows, on the nine traces (replayed with the cap
+// as MaxFraction of a device 2.2 times their peak live bytes), from at
+// most 1.0040 to at most 1.0057 × peak live, and with every size five
+// times larger, as a job filling half an H200 would be, from at most
+// 1.0011 to 1.0068 (1.0096 with a 1024th); BenchmarkDeclaredShareMinCap
+// in bench/ replays this. Above one half, and for a cap set by MaxBytes
+// alone, nothing changes: one-page handles.
+const (
+	declaredShareFraction      = 0.5
+	declaredShareHandleDivisor = 2048
+)
+
 // smallCapHandleDivisor and smallCapHandleMax bound a shared device's
 // handles below a cap of 8 GiB, where a 1024th of the cap is under 8 MiB:
 // a 256th of the cap, at most 8 MiB, as every cap had before
@@ -939,9 +970,12 @@ func (p *Pool) setShared(free uint64) {
 	others := p.total - min(p.total, free+p.reserved())
 	p.othersLow = min(p.othersLow, others)
 	grown := others - p.othersLow
-	if float64(others) >= sharedFraction*float64(p.total) || grown >= max(uint64(sharedGrowthFraction*float64(p.total)), sharedGrowthMin) {
+	switch {
+	case float64(others) >= sharedFraction*float64(p.total) || grown >= max(uint64(sharedGrowthFraction*float64(p.total)), sharedGrowthMin):
 		small := min(limit/smallCapHandleDivisor, smallCapHandleMax)
 		h.sharedPages = max(limit/sharedHandleDivisor, small) / h.gran
+	case p.opts.MaxFraction <= declaredShareFraction:
+		h.sharedPages = limit / declaredShareHandleDivisor / h.gran
 	}
 }
 
