@@ -97,7 +97,13 @@
 //
 // There is nothing else to set: a capped pool maps one-page physical
 // allocations, so that its memory can move 2 MiB at a time to fit its
-// cap, and while other processes hold a sixteenth of the device or more,
+// cap, but a MaxFraction of at most one half, which leaves room for
+// another job as large, declares the device shared, and its growths map
+// each block's interior in handles of up to a 2048th of its cap from the
+// start (jobs started together each grow alone at first; alone on its
+// GPU, such a job's smallest feasible cap rises by up to 0.6% of peak
+// live on the nine traces: declaredShareFraction in pool.go); and while
+// other processes hold a sixteenth of the device or more,
 // or a 128th (and 1 GiB) more than the least they held since New (so that
 // jobs started together, which each see the others hold little at
 // first, find out soon), as its last growth found, its growths, and its

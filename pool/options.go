@@ -80,8 +80,11 @@ type Options struct {
 	// MaxFraction caps reserved memory at MaxFraction × the device's
 	// total memory (cuMemGetInfo at New), whatever other processes hold,
 	// so K pools with 1/K each get equal shares in any start order (see
-	// the package doc, "Sharing a GPU"). Default 1: no cap beyond the
-	// device.
+	// the package doc, "Sharing a GPU"). At most 0.5 also declares the
+	// device shared: a VMM pool then grows in handles of up to a 2048th
+	// of its cap rather than one page each (fewer driver calls when jobs
+	// share the GPU; alone, a smallest feasible cap up to 0.6% higher).
+	// Default 1: no cap beyond the device.
 	MaxFraction float64
 	// MaxBytes caps reserved memory in bytes (default 0: no cap). With
 	// MaxFraction, the smaller cap applies. The cap is checked after the

@@ -933,7 +933,9 @@ const (
 // capped pool on a shared device then maps the interior of its block in
 // larger handles rather than one-page ones (vmmHeap.growthRange; for a
 // block aligned above a page, the free head the alignment cuts off may
-// share them). A pool with no cap is left alone (under ReleaseFraction
+// share them). Until then, a MaxFraction of at most one half declares the
+// device shared, with handles half as large (declaredShareFraction). A
+// pool with no cap is left alone (under ReleaseFraction
 // its handles are sized to its peak: setFine).
 //
 // One-page handles let a pool fit under its cap (setFine): alone on a
