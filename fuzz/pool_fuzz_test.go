@@ -459,7 +459,7 @@ func (run *poolRun) badFree(r *reader) string {
 
 // comparable strips the statistics a failed call may change.
 func comparable(s pool.Stats) pool.Stats {
-	s.DeviceCalls = device.Counts{}
+	s.DeviceCalls, s.DeviceCallsByPath = device.Counts{}, pool.PathCounts{}
 	s.OutOfMemory, s.Retries = 0, 0
 	return s
 }

@@ -175,7 +175,7 @@ func firstDiff(a, b []byte) int {
 
 // comparable strips the statistics a failed call may change.
 func comparable(s pool.Stats) pool.Stats {
-	s.DeviceCalls = device.Counts{}
+	s.DeviceCalls, s.DeviceCallsByPath = device.Counts{}, pool.PathCounts{}
 	s.OutOfMemory, s.Retries = 0, 0
 	return s
 }
@@ -461,6 +461,7 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 					b := workload(t, cfg.backend, cfg.cacheOff, capacity, c.dflt)
 					if c.calls {
 						a.DeviceCalls, b.DeviceCalls = device.Counts{}, device.Counts{}
+						a.DeviceCallsByPath, b.DeviceCallsByPath = pool.PathCounts{}, pool.PathCounts{}
 					}
 					if a != b {
 						t.Fatalf("%s: zero gives %+v\ndefault gives %+v", c.name, a, b)
@@ -483,6 +484,7 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 					b := firstRefill(t, cfg.backend, capacity, c.dflt)
 					if c.calls {
 						a.DeviceCalls, b.DeviceCalls = device.Counts{}, device.Counts{}
+						a.DeviceCallsByPath, b.DeviceCallsByPath = pool.PathCounts{}, pool.PathCounts{}
 					}
 					if a != b || a.CachedBlocks != 15 && cfg.backend != pool.BackendPassthrough {
 						t.Fatalf("%s: zero gives %+v\ndefault gives %+v", c.name, a, b)

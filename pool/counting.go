@@ -6,13 +6,80 @@ import (
 	"github.com/gpumem/tlsf/device"
 )
 
+// Path names the part of the pool that made a driver call
+// (Stats.DeviceCallsByPath), so that a program making more calls than it
+// expects can tell ordinary growth from the out-of-memory path or the
+// scavenger. A call counts for the outermost path it is made in: the
+// growth the out-of-memory path retries counts for PathOutOfMemory.
+type Path int
+
+const (
+	// PathOther is every call made outside the paths below: stream and
+	// event calls of stream-ordered frees, a passthrough pool's frees,
+	// AllocPitch's pitch query, a P cache's or peer's work.
+	PathOther Path = iota
+	// PathSetup is New and Close: the virtual address range, an initial
+	// reserve (InitialFraction), memory returned at Close.
+	PathSetup
+	// PathAlloc is a request's own slow path short of out-of-memory:
+	// growth (cuMemCreate, cuMemMap, cuMemSetAccess; cuMemAlloc for a
+	// chunk pool; cuMemGetInfo to size it), backing released pages under
+	// the block placed, ReleaseFraction's moves before mapping more,
+	// polls of pending stream-ordered frees; a passthrough pool's
+	// cuMemAlloc.
+	PathAlloc
+	// PathOutOfMemory is the out-of-memory path (share.go): from the
+	// first failed growth of a request on, the waits for pending frees,
+	// the pages moved or released for it, the growth retried, the
+	// OnOutOfMemory hook's retry.
+	PathOutOfMemory
+	// PathScavenge is memory returned because the device ran low
+	// (FreeFloorFraction): the background scavenger's wakes and the check
+	// every ReleaseCheckInterval frees.
+	PathScavenge
+	// PathTrim is Trim.
+	PathTrim
+	// NumPaths is the number of paths; not a path.
+	NumPaths
+)
+
+var pathNames = [NumPaths]string{"other", "setup", "alloc", "out_of_memory", "scavenge", "trim"}
+
+// String returns the path's name as the JSON of tlsf-stress reports it:
+// "other", "setup", "alloc", "out_of_memory", "scavenge", "trim".
+func (p Path) String() string {
+	if p >= 0 && p < NumPaths {
+		return pathNames[p]
+	}
+	return "Path(?)"
+}
+
+// PathCounts holds a count of driver calls per Path.
+type PathCounts [NumPaths]uint64
+
+// Map returns the non-zero counts keyed by path name.
+func (c PathCounts) Map() map[string]uint64 {
+	m := make(map[string]uint64)
+	for k, n := range c {
+		if n != 0 {
+			m[Path(k).String()] = n
+		}
+	}
+	return m
+}
+
 // counted wraps the pool's Device and counts every call the pool makes,
-// by kind, for Stats.DeviceCalls. The pool makes its calls under its lock;
-// the counters are atomic all the same, so that no future call outside it
-// can race with Stats.
+// by kind, for Stats.DeviceCalls, and by the path making it, for
+// Stats.DeviceCallsByPath. The pool makes its calls under its lock; the
+// counters and the current path are atomic all the same, so that no
+// future call outside it can race with Stats. The path is set only on
+// slow paths (enter, switchTo, leave), never on a fast path's Alloc or
+// Free.
 type counted struct {
 	device.Device
-	n [device.NumCalls]atomic.Uint64
+	n      [device.NumCalls]atomic.Uint64
+	byPath [NumPaths]atomic.Uint64
+	path   atomic.Int32 // the Path calls count for now
 	// heaps, when a memory checker watches the pool (nvtx.go), hears of
 	// every piece of device memory the heap takes and returns.
 	heaps *memWatch
@@ -20,6 +87,39 @@ type counted struct {
 	// successful cuMemGetInfo reported it, valid once lastFreeOK.
 	lastFree   atomic.Uint64
 	lastFreeOK atomic.Bool
+}
+
+// count counts one call of kind k, for the current path.
+func (c *counted) count(k device.Call) {
+	c.n[k].Add(1)
+	c.byPath[c.path.Load()].Add(1)
+}
+
+// enter makes the calls that follow count for path, unless they count for
+// a path other than PathOther already (the outermost path names them),
+// and returns the path to give leave.
+func (c *counted) enter(path Path) Path {
+	prev := Path(c.path.Load())
+	if prev == PathOther {
+		c.path.Store(int32(path))
+	}
+	return prev
+}
+
+// switchTo makes the calls that follow count for path, whatever the path
+// was: the out-of-memory path taking over from a request's own. The
+// caller's leave restores what enter saved.
+func (c *counted) switchTo(path Path) { c.path.Store(int32(path)) }
+
+// leave restores the path enter returned.
+func (c *counted) leave(prev Path) { c.path.Store(int32(prev)) }
+
+func (c *counted) pathCounts() PathCounts {
+	var out PathCounts
+	for i := range c.byPath {
+		out[i] = c.byPath[i].Load()
+	}
+	return out
 }
 
 // seenFree returns the device's free memory as the pool's last
@@ -37,7 +137,7 @@ func (c *counted) counts() device.Counts {
 }
 
 func (c *counted) MemGetInfo() (uint64, uint64, error) {
-	c.n[device.CallMemGetInfo].Add(1)
+	c.count(device.CallMemGetInfo)
 	free, total, err := c.Device.MemGetInfo()
 	if err == nil {
 		c.lastFree.Store(free)
@@ -47,7 +147,7 @@ func (c *counted) MemGetInfo() (uint64, uint64, error) {
 }
 
 func (c *counted) MemAlloc(size uint64) (uintptr, error) {
-	c.n[device.CallMemAlloc].Add(1)
+	c.count(device.CallMemAlloc)
 	ptr, err := c.Device.MemAlloc(size)
 	if err == nil && c.heaps != nil {
 		c.heaps.mapped(ptr, size)
@@ -56,7 +156,7 @@ func (c *counted) MemAlloc(size uint64) (uintptr, error) {
 }
 
 func (c *counted) MemFree(ptr uintptr) error {
-	c.n[device.CallMemFree].Add(1)
+	c.count(device.CallMemFree)
 	if c.heaps == nil {
 		return c.Device.MemFree(ptr)
 	}
@@ -74,12 +174,12 @@ func (c *counted) MemFree(ptr uintptr) error {
 }
 
 func (c *counted) MemAllocPitch(w, h uint64, elem uint32) (uintptr, uint64, error) {
-	c.n[device.CallMemAllocPitch].Add(1)
+	c.count(device.CallMemAllocPitch)
 	return c.Device.MemAllocPitch(w, h, elem)
 }
 
 func (c *counted) AddressReserve(size, align uint64) (uintptr, error) {
-	c.n[device.CallAddressReserve].Add(1)
+	c.count(device.CallAddressReserve)
 	ptr, err := c.Device.AddressReserve(size, align)
 	if err == nil && c.heaps != nil {
 		c.heaps.mapped(ptr, size)
@@ -88,7 +188,7 @@ func (c *counted) AddressReserve(size, align uint64) (uintptr, error) {
 }
 
 func (c *counted) AddressFree(ptr uintptr, size uint64) error {
-	c.n[device.CallAddressFree].Add(1)
+	c.count(device.CallAddressFree)
 	if c.heaps == nil {
 		return c.Device.AddressFree(ptr, size)
 	}
@@ -97,61 +197,61 @@ func (c *counted) AddressFree(ptr uintptr, size uint64) error {
 }
 
 func (c *counted) MemCreate(size uint64) (device.MemHandle, error) {
-	c.n[device.CallMemCreate].Add(1)
+	c.count(device.CallMemCreate)
 	return c.Device.MemCreate(size)
 }
 
 func (c *counted) MemRelease(h device.MemHandle) error {
-	c.n[device.CallMemRelease].Add(1)
+	c.count(device.CallMemRelease)
 	return c.Device.MemRelease(h)
 }
 
 func (c *counted) MemMap(ptr uintptr, size uint64, h device.MemHandle) error {
-	c.n[device.CallMemMap].Add(1)
+	c.count(device.CallMemMap)
 	return c.Device.MemMap(ptr, size, h)
 }
 
 func (c *counted) MemUnmap(ptr uintptr, size uint64) error {
-	c.n[device.CallMemUnmap].Add(1)
+	c.count(device.CallMemUnmap)
 	return c.Device.MemUnmap(ptr, size)
 }
 
 func (c *counted) MemSetAccess(ptr uintptr, size uint64) error {
-	c.n[device.CallMemSetAccess].Add(1)
+	c.count(device.CallMemSetAccess)
 	return c.Device.MemSetAccess(ptr, size)
 }
 
 func (c *counted) StreamSynchronize(s device.Stream) error {
-	c.n[device.CallStreamSynchronize].Add(1)
+	c.count(device.CallStreamSynchronize)
 	return c.Device.StreamSynchronize(s)
 }
 
 func (c *counted) StreamWaitEvent(s device.Stream, e device.Event) error {
-	c.n[device.CallStreamWaitEvent].Add(1)
+	c.count(device.CallStreamWaitEvent)
 	return c.Device.StreamWaitEvent(s, e)
 }
 
 func (c *counted) EventCreate() (device.Event, error) {
-	c.n[device.CallEventCreate].Add(1)
+	c.count(device.CallEventCreate)
 	return c.Device.EventCreate()
 }
 
 func (c *counted) EventDestroy(e device.Event) error {
-	c.n[device.CallEventDestroy].Add(1)
+	c.count(device.CallEventDestroy)
 	return c.Device.EventDestroy(e)
 }
 
 func (c *counted) EventRecord(e device.Event, s device.Stream) error {
-	c.n[device.CallEventRecord].Add(1)
+	c.count(device.CallEventRecord)
 	return c.Device.EventRecord(e, s)
 }
 
 func (c *counted) EventQuery(e device.Event) (bool, error) {
-	c.n[device.CallEventQuery].Add(1)
+	c.count(device.CallEventQuery)
 	return c.Device.EventQuery(e)
 }
 
 func (c *counted) EventSynchronize(e device.Event) error {
-	c.n[device.CallEventSynchronize].Add(1)
+	c.count(device.CallEventSynchronize)
 	return c.Device.EventSynchronize(e)
 }

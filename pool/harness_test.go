@@ -173,7 +173,7 @@ func liveState(s Stats) Stats {
 // withoutCounters drops what errors.go allows any error to change: the
 // counters of device calls, out-of-memory events and retries.
 func withoutCounters(s Stats) Stats {
-	s.DeviceCalls = device.Counts{}
+	s.DeviceCalls, s.DeviceCallsByPath = device.Counts{}, PathCounts{}
 	s.OutOfMemory, s.Retries = 0, 0
 	return s
 }

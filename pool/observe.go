@@ -46,9 +46,16 @@ func (p *Pool) retryAfterHook(size, align uint64) (b tlsf.Block, err error, done
 // hook, or another goroutine meanwhile, closed the pool).
 func (p *Pool) runOOMHook(size uint64) error {
 	hook := p.opts.OnOutOfMemory
+	// Calls made while the lock is free (the hook's own, other
+	// goroutines') are not this request's out-of-memory path.
+	path := Path(p.dev.path.Load())
+	p.dev.leave(PathOther)
 	p.mu.Unlock()
 	func() {
-		defer p.mu.Lock()
+		defer func() {
+			p.mu.Lock()
+			p.dev.leave(path)
+		}()
 		hook(size)
 	}()
 	if p.closed {

@@ -118,7 +118,7 @@ func (p *Pool) grantPeerLocked(peer int) error {
 	}
 	h, vmm := p.heap.(*vmmHeap)
 	if !vmm {
-		p.dev.n[device.CallCtxEnablePeerAccess].Add(1)
+		p.dev.count(device.CallCtxEnablePeerAccess)
 		if err := pa.EnablePeerAccess(peer); err != nil {
 			return fmt.Errorf("pool: enabling access by device %d to device %d: %w", peer, p.dev.Ordinal(), err)
 		}
@@ -130,7 +130,7 @@ func (p *Pool) grantPeerLocked(peer int) error {
 		// Strays have no access and are unmapped before the next mapping:
 		// leave them.
 		for _, s := range runs(h.stray, r[0], r[0]+r[1], false) {
-			p.dev.n[device.CallMemSetAccess].Add(1)
+			p.dev.count(device.CallMemSetAccess)
 			if err := pa.MemSetAccessPeers(uintptr(h.pageAddr(s[0])), s[1]*h.gran, grant); err != nil {
 				return fmt.Errorf("pool: granting device %d access to device %d's pages [%#x, +%d): %w",
 					peer, p.dev.Ordinal(), h.pageAddr(s[0]), s[1]*h.gran, err)
@@ -149,6 +149,6 @@ func (h *vmmHeap) setAccess(ptr uintptr, size uint64) error {
 	if len(h.peers) == 0 {
 		return h.dev.MemSetAccess(ptr, size)
 	}
-	h.dev.n[device.CallMemSetAccess].Add(1)
+	h.dev.count(device.CallMemSetAccess)
 	return h.dev.Device.(device.PeerAccessor).MemSetAccessPeers(ptr, size, h.peers)
 }

@@ -111,6 +111,8 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 		return nil, fmt.Errorf("%w: nil device", ErrBadOptions)
 	}
 	p := &Pool{dev: &counted{Device: dev}, opts: o, backend: o.Backend}
+	p.dev.switchTo(PathSetup)
+	defer p.dev.leave(PathOther)
 	p.ss = newStreamSet(p.dev)
 	p.hist = newHistory(o.History, o.HistoryStacks)
 	if err := p.initDebug(); err != nil {
@@ -296,7 +298,10 @@ func (p *Pool) allocOdd(size, align uint64, s device.Stream) (uintptr, error) {
 		return 0, fmt.Errorf("%w: %d bytes", ErrTooLarge, size)
 	}
 	if p.pt != nil {
-		return p.pt.alloc(p, size, s)
+		prev := p.dev.enter(PathAlloc)
+		ptr, err := p.pt.alloc(p, size, s)
+		p.dev.leave(prev)
+		return ptr, err
 	}
 	b, reused, err := p.allocBlock(size, align, s)
 	if err != nil {
@@ -418,19 +423,28 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 		return b, err
 	}
 	if need := p.heap.unbacked(b); need > 0 {
-		if err := p.makeRoom(need, false); err != nil {
-			_, _ = p.x.Free(b.Addr)
-			return tlsf.Block{}, err
-		}
-		p.setFine(b.Size)
-		if err := p.backPlaced(b, size, need); err != nil {
-			if retryable(err) {
-				if m, ok := p.searchMapped(size, align); ok {
-					return m, nil
-				}
+		prev := p.dev.enter(PathAlloc)
+		b, err = p.backSearched(b, size, align, need)
+		p.dev.leave(prev)
+	}
+	return b, err
+}
+
+// backSearched is search for a block b placed on released pages, need
+// bytes of them.
+func (p *Pool) backSearched(b tlsf.Block, size, align, need uint64) (tlsf.Block, error) {
+	if err := p.makeRoom(need, false); err != nil {
+		_, _ = p.x.Free(b.Addr)
+		return tlsf.Block{}, err
+	}
+	p.setFine(b.Size)
+	if err := p.backPlaced(b, size, need); err != nil {
+		if retryable(err) {
+			if m, ok := p.searchMapped(size, align); ok {
+				return m, nil
 			}
-			return tlsf.Block{}, err
 		}
+		return tlsf.Block{}, err
 	}
 	return b, nil
 }
@@ -493,6 +507,8 @@ func (p *Pool) backPlaced(b tlsf.Block, size, need uint64) error {
 // reclaim completed stream-ordered frees, grow, and then the
 // out-of-memory path.
 func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
+	prev := p.dev.enter(PathAlloc)
+	defer p.dev.leave(prev)
 	p.seen = seenFree{}
 	if err := p.hopeless(size, align); err != nil {
 		p.c.ooms++
@@ -520,6 +536,7 @@ func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
 	// failed and nothing was freed since, flush the caches, wait for
 	// pending frees, search again, move what the request needs from under
 	// free blocks to the spares, and grow once more.
+	p.dev.switchTo(PathOutOfMemory)
 	if p.remembered(size) {
 		return p.outOfMemory(size, align, err)
 	}
@@ -1331,6 +1348,8 @@ func (p *Pool) reclaimPending(addr uint64) {
 func (p *Pool) afterLockedFree() {
 	p.lockedFree++
 	if p.lockedFree%ReleaseCheckInterval == 0 && p.opts.FreeFloorFraction > 0 {
+		prev := p.dev.enter(PathScavenge)
+		defer p.dev.leave(prev)
 		if free, total, err := p.dev.MemGetInfo(); err == nil && float64(free) < p.opts.FreeFloorFraction*float64(total) {
 			_, _ = p.releaseUnused(math.MaxUint64)
 		}
@@ -1500,6 +1519,8 @@ func (p *Pool) Trim() (uint64, error) {
 	if p.closed {
 		return 0, ErrClosed
 	}
+	prev := p.dev.enter(PathTrim)
+	defer p.dev.leave(prev)
 	p.flushCaches()
 	if err := p.pollPending(true); err != nil {
 		return 0, err
@@ -1522,6 +1543,8 @@ func (p *Pool) Close() error {
 	if p.closed {
 		return ErrClosed
 	}
+	prev := p.dev.enter(PathSetup)
+	defer p.dev.leave(prev)
 	var errs []error
 	if p.dbg != nil {
 		p.dbg.forget()

@@ -125,6 +125,8 @@ func (p *Pool) driverWork() uint64 {
 // calls' work is done (driverWork). It returns the bytes returned. Pool
 // lock held.
 func (p *Pool) scavengeLocked() (uint64, error) {
+	prev := p.dev.enter(PathScavenge)
+	defer p.dev.leave(prev)
 	free, total, err := p.dev.MemGetInfo()
 	if err != nil {
 		return 0, err

@@ -91,6 +91,10 @@ type Stats struct {
 	OutOfMemory, Retries uint64
 	// DeviceCalls counts the driver calls the pool made, by kind.
 	DeviceCalls device.Counts
+	// DeviceCallsByPath counts the same calls by the part of the pool
+	// that made them (Path: a request's growth, the out-of-memory path,
+	// the scavenger, ...); its sum is DeviceCalls.Total().
+	DeviceCallsByPath PathCounts
 }
 
 // Stats returns a snapshot. It takes the pool's lock and sums the
@@ -122,6 +126,7 @@ func (p *Pool) statsLocked() Stats {
 		PendingBlocks:  c.pendingBlocks,
 		DeviceCalls:    p.dev.counts(),
 	}
+	s.DeviceCallsByPath = p.dev.pathCounts()
 	if p.cache != nil {
 		p.cache.addStats(&c, &s)
 	}
@@ -151,6 +156,9 @@ func (p *Pool) Check() error {
 	defer p.mu.Unlock()
 	if p.closed {
 		return ErrClosed
+	}
+	if err := p.checkPaths(); err != nil {
+		return err
 	}
 	if p.dbg != nil {
 		if err := p.dbg.guardCheck(); err != nil {
@@ -277,4 +285,20 @@ func (p *Pool) largestFree() uint64 {
 		return p.x.LargestAlloc()
 	}
 	return p.x.LargestFit()
+}
+
+// checkPaths: between requests no path is left set, and the calls by path
+// add up to the calls by kind. Pool lock held.
+func (p *Pool) checkPaths() error {
+	if path := Path(p.dev.path.Load()); path != PathOther {
+		return fmt.Errorf("pool: driver calls still count for path %v between requests", path)
+	}
+	var byPath uint64
+	for _, n := range p.dev.pathCounts() {
+		byPath += n
+	}
+	if total := p.dev.counts().Total(); byPath != total {
+		return fmt.Errorf("pool: %d driver calls by path, %d by kind", byPath, total)
+	}
+	return nil
 }

@@ -197,7 +197,9 @@
 // cap_bytes, device_calls and device_calls_by_name (the allocator's),
 // workload_device_calls (fills, copies, syncs), pool (TLSF backends:
 // grows, releases, released_bytes, retries, out_of_memory, cached_bytes,
-// cached_blocks, fragmentation, reserved_bytes, at the end), problem_count,
+// cached_blocks, fragmentation, reserved_bytes, at the end, and
+// device_calls_by_path: the pool's driver calls by the path that made them,
+// pool.Path's names, the non-zero ones), problem_count,
 // problems (the first 20), error_count, errors, ok.
 //
 // # run --devices

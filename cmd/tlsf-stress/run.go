@@ -210,6 +210,9 @@ type poolSummary struct {
 	CachedBlocks  int64   `json:"cached_blocks"`
 	Fragmentation float64 `json:"fragmentation"`
 	ReservedBytes uint64  `json:"reserved_bytes"`
+	// DeviceCallsByPath: the allocator's driver calls by the part of the
+	// pool that made them (pool.Path), the non-zero ones.
+	DeviceCallsByPath map[string]uint64 `json:"device_calls_by_path"`
 }
 
 func runRun(cmd *cobra.Command, g *globalFlags, o *runOpts) error {
@@ -286,6 +289,7 @@ func summarize(ds *devices, dev device.Device, a allocator, w *workloadFlags, re
 			Grows: st.Grows, Releases: st.Releases, ReleasedBytes: st.ReleasedBytes, Retries: st.Retries,
 			OutOfMemory: st.OutOfMemory, CachedBytes: st.Cached, CachedBlocks: st.CachedBlocks,
 			Fragmentation: st.Fragmentation, ReservedBytes: st.Reserved,
+			DeviceCallsByPath: st.DeviceCallsByPath.Map(),
 		}
 	}
 	res.OK = res.ProblemCount == 0 && res.ErrorCount == 0
@@ -326,6 +330,7 @@ func printRunSummary(w io.Writer, r *runResult) {
 	if p := r.Pool; p != nil {
 		fmt.Fprintf(w, "  pool: grows %d, releases %d (%s), OOM retries %d, caches hold %d blocks (%s) at the end, fragmentation %.3f\n",
 			p.Grows, p.Releases, gib(p.ReleasedBytes), p.Retries, p.CachedBlocks, gib(p.CachedBytes), p.Fragmentation)
+		fmt.Fprintf(w, "  pool's device calls by path %s\n", formatCalls(p.DeviceCallsByPath))
 	}
 	fmt.Fprintf(w, "  allocator's device calls %d %s; the workload's (fills, copies, syncs) %d\n", r.DeviceCalls, formatCalls(r.DeviceCallsByName), r.WorkloadDeviceCalls)
 	fmt.Fprintf(w, "  problems %d, errors %d\n", r.ProblemCount, r.ErrorCount)

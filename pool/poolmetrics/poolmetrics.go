@@ -14,6 +14,7 @@ type Collector struct {
 	gauges []gauge
 	counts []counter
 	calls  *prometheus.Desc
+	paths  *prometheus.Desc
 	bySize *prometheus.Desc
 }
 
@@ -69,6 +70,7 @@ func New(p *pool.Pool, labels prometheus.Labels) *Collector {
 	k("out_of_memory_total", "Requests that failed with ErrOutOfMemory.", func(s *pool.Stats) uint64 { return s.OutOfMemory })
 	k("retries_total", "Runs of the out-of-memory path.", func(s *pool.Stats) uint64 { return s.Retries })
 	c.calls = desc("device_calls_total", "Driver calls the pool made, by entry point.", "call")
+	c.paths = desc("device_calls_by_path_total", "Driver calls the pool made, by the part of the pool that made them (pool.Path).", "path")
 	c.bySize = desc("allocs_by_size_total", "Successful allocations by block size: blocks of more than le_bytes/2 and at most le_bytes bytes.", "le_bytes")
 	return c
 }
@@ -82,6 +84,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- k.desc
 	}
 	ch <- c.calls
+	ch <- c.paths
 	ch <- c.bySize
 }
 
@@ -98,6 +101,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for i, n := range s.DeviceCalls {
 		if n > 0 {
 			ch <- prometheus.MustNewConstMetric(c.calls, prometheus.CounterValue, float64(n), device.Call(i).String())
+		}
+	}
+	for i, n := range s.DeviceCallsByPath {
+		if n > 0 {
+			ch <- prometheus.MustNewConstMetric(c.paths, prometheus.CounterValue, float64(n), pool.Path(i).String())
 		}
 	}
 	for k, n := range s.AllocsBySize {

@@ -57,6 +57,7 @@ tlsf_pool_allocs_by_size_total{backend="chunks",gpu="0",le_bytes="4194304"} 1
 	s := p.Stats()
 	require.Equal(t, float64(s.Reserved), gathered(t, reg, "tlsf_pool_reserved_bytes"))
 	require.Equal(t, float64(s.DeviceCalls.Total()), gathered(t, reg, "tlsf_pool_device_calls_total"))
+	require.Equal(t, float64(s.DeviceCalls.Total()), gathered(t, reg, "tlsf_pool_device_calls_by_path_total"), "by path, the same calls")
 
 	problems, err := testutil.GatherAndLint(reg)
 	require.NoError(t, err)
