@@ -112,14 +112,21 @@ func TestADeclaredShareGrowsInLargerHandles(t *testing.T) {
 			if c.most > 1 {
 				assert.Less(t, handles, p.Stats().Reserved/(2*miB), "fewer handles than pages")
 			}
-			checkStep(t, p, d)
-			require.NoError(t, p.Free(a))
-			_, err = p.Trim()
-			require.NoError(t, err)
-			assert.Zero(t, p.Stats().Reserved, "whole handles under free blocks go back")
-			checkStep(t, p, d)
+			freeTrimmedToZero(t, p, d, a)
 		})
 	}
+}
+
+// freeTrimmedToZero checks p, frees a, its last live block, and checks
+// that Trim returns every byte: whole handles under free blocks go back.
+func freeTrimmedToZero(t *testing.T, p *Pool, d testDevice, a uintptr) {
+	t.Helper()
+	checkStep(t, p, d)
+	require.NoError(t, p.Free(a))
+	_, err := p.Trim()
+	require.NoError(t, err)
+	assert.Zero(t, p.Stats().Reserved, "whole handles under free blocks go back")
+	checkStep(t, p, d)
 }
 
 // mappings returns the pages of each mapping of a VMM pool, in address
@@ -275,12 +282,7 @@ func TestACappedPoolGrowsInLargerHandlesOnASharedDevice(t *testing.T) {
 			}
 			assert.Equal(t, handles, creates(p))
 			assert.Equal(t, c.severalN, several > 0, "%d handles of several pages", several)
-			checkStep(t, p, d)
-			require.NoError(t, p.Free(a))
-			_, err = p.Trim()
-			require.NoError(t, err)
-			assert.Zero(t, p.Stats().Reserved, "whole handles under free blocks go back")
-			checkStep(t, p, d)
+			freeTrimmedToZero(t, p, d, a)
 		})
 	}
 }
