@@ -16,10 +16,12 @@ import (
 // handles of a 2048th of its cap, pool/pool.go's declaredShareFraction),
 // beside the same cap given as MaxBytes on the same GPU (one-page
 // handles). scale=5 multiplies every request by five, as a job filling
-// half an H200 would ask (handles then five times larger too). Metrics:
-// mincap/live with MaxBytes, mincap-fraction/live with MaxFraction (both
-// over peak live, bisection to 2 MiB). One iteration is the whole
-// search; run with -benchtime 1x.
+// half an H200 would ask (handles then five times larger too). Metrics,
+// in basis points (the smallest cap over peak live, less 1, times
+// 10,000: 46 is 1.0046, a precision the default three-digit output of
+// ratios would lose): mincap-bp with MaxBytes, mincap-fraction-bp with
+// MaxFraction (bisection to 2 MiB). One iteration is the whole search;
+// run with -benchtime 1x.
 func BenchmarkDeclaredShareMinCap(b *testing.B) {
 	for _, scale := range []uint64{1, 5} {
 		for _, tr := range poolTraces(b) {
@@ -60,8 +62,9 @@ func BenchmarkDeclaredShareMinCap(b *testing.B) {
 				for b.Loop() {
 					bytesCap, fracCap = minCap(false), minCap(true)
 				}
-				b.ReportMetric(float64(bytesCap)/float64(live), "mincap/live")
-				b.ReportMetric(float64(fracCap)/float64(live), "mincap-fraction/live")
+				bp := func(c uint64) float64 { return (float64(c)/float64(live) - 1) * 1e4 }
+				b.ReportMetric(bp(bytesCap), "mincap-bp")
+				b.ReportMetric(bp(fracCap), "mincap-fraction-bp")
 				b.ReportMetric(0, "ns/op")
 			})
 		}

@@ -9,8 +9,11 @@ import (
 // Path names the part of the pool that made a driver call
 // (Stats.DeviceCallsByPath), so that a program making more calls than it
 // expects can tell ordinary growth from the out-of-memory path or the
-// scavenger. A call counts for the outermost path it is made in: the
-// growth the out-of-memory path retries counts for PathOutOfMemory.
+// scavenger. A call counts for the outermost path it is made in, but the
+// out-of-memory path takes over from the request's own PathAlloc (the
+// growth it retries counts for PathOutOfMemory), and while the
+// OnOutOfMemory hook runs without the pool's lock, calls count for their
+// own paths (the hook's Trim for PathTrim).
 type Path int
 
 const (
@@ -70,16 +73,21 @@ func (c PathCounts) Map() map[string]uint64 {
 
 // counted wraps the pool's Device and counts every call the pool makes,
 // by kind, for Stats.DeviceCalls, and by the path making it, for
-// Stats.DeviceCallsByPath. The pool makes its calls under its lock; the
-// counters and the current path are atomic all the same, so that no
-// future call outside it can race with Stats. The path is set only on
-// slow paths (enter, switchTo, leave), never on a fast path's Alloc or
-// Free.
+// Stats.DeviceCallsByPath. The pool makes its calls under its lock, but
+// for the few the unlocked* methods make (guard mode's stream
+// synchronization at a free, history's look at free memory after a
+// failure), which count for
+// PathOther in counters of their own (outside): they neither read nor
+// disturb the current path, which the lock guards. The counters and the
+// path are atomic all the same, so that no call can race with Stats. The
+// path is set only on slow paths (enter, switchTo, leave), never on a
+// fast path's Alloc or Free.
 type counted struct {
 	device.Device
-	n      [device.NumCalls]atomic.Uint64
-	byPath [NumPaths]atomic.Uint64
-	path   atomic.Int32 // the Path calls count for now
+	n       [device.NumCalls]atomic.Uint64
+	byPath  [NumPaths]atomic.Uint64
+	outside [device.NumCalls]atomic.Uint64 // calls made without the pool's lock
+	path    atomic.Int32                   // the Path locked calls count for now
 	// heaps, when a memory checker watches the pool (nvtx.go), hears of
 	// every piece of device memory the heap takes and returns.
 	heaps *memWatch
@@ -114,26 +122,59 @@ func (c *counted) switchTo(path Path) { c.path.Store(int32(path)) }
 // leave restores the path enter returned.
 func (c *counted) leave(prev Path) { c.path.Store(int32(prev)) }
 
-func (c *counted) pathCounts() PathCounts {
-	var out PathCounts
-	for i := range c.byPath {
-		out[i] = c.byPath[i].Load()
-	}
-	return out
-}
-
 // seenFree returns the device's free memory as the pool's last
 // cuMemGetInfo reported it, and whether it made one; no driver call.
 func (c *counted) seenFree() (uint64, bool) {
 	return c.lastFree.Load(), c.lastFreeOK.Load()
 }
 
+// counts returns the calls by kind, those made outside the lock included.
 func (c *counted) counts() device.Counts {
-	var out device.Counts
-	for i := range c.n {
-		out[i] = c.n[i].Load()
+	all, _ := c.snapshot()
+	return all
+}
+
+// snapshot returns the calls by kind and by path, each set adding up to
+// the same total as long as no call is under way under the lock (the
+// pool's lock held): the calls made outside the lock are read once and
+// added to both, for PathOther.
+func (c *counted) snapshot() (device.Counts, PathCounts) {
+	var kinds device.Counts
+	var paths PathCounts
+	for i := range c.byPath {
+		paths[i] = c.byPath[i].Load()
 	}
-	return out
+	for i := range c.n {
+		o := c.outside[i].Load()
+		kinds[i] = c.n[i].Load() + o
+		paths[PathOther] += o
+	}
+	return kinds, paths
+}
+
+// lockedSums returns the totals of the calls made under the lock by kind
+// and by path, which are equal while the pool's lock is held.
+func (c *counted) lockedSums() (byKind, byPath uint64) {
+	for i := range c.n {
+		byKind += c.n[i].Load()
+	}
+	for i := range c.byPath {
+		byPath += c.byPath[i].Load()
+	}
+	return byKind, byPath
+}
+
+// unlockedMemGetInfo is MemGetInfo for a caller without the pool's lock.
+func (c *counted) unlockedMemGetInfo() (free, total uint64, err error) {
+	c.outside[device.CallMemGetInfo].Add(1)
+	return c.Device.MemGetInfo()
+}
+
+// unlockedStreamSynchronize is StreamSynchronize for a caller without the
+// pool's lock.
+func (c *counted) unlockedStreamSynchronize(s device.Stream) error {
+	c.outside[device.CallStreamSynchronize].Add(1)
+	return c.Device.StreamSynchronize(s)
 }
 
 func (c *counted) MemGetInfo() (uint64, uint64, error) {

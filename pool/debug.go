@@ -194,7 +194,7 @@ func (d *debugLayer) free(ptr uintptr, s device.Stream) error {
 	}
 	if d.guard > 0 && !b.pitch {
 		if s != 0 {
-			if err := p.dev.StreamSynchronize(s); err != nil {
+			if err := p.dev.unlockedStreamSynchronize(s); err != nil {
 				restore()
 				return fmt.Errorf("pool: synchronizing stream %#x before a red-zone check: %w", uintptr(s), err)
 			}

@@ -93,7 +93,8 @@
 // would take it above 90% of its cap fails at once, without gathering
 // free pages. FreeFloorFraction makes an idle job give unused memory back
 // to the others. Through the C ABI the cap is max_fraction in
-// TLSF_ALLOC_CONF, or torch.cuda.set_per_process_memory_fraction.
+// TLSF_ALLOC_CONF, or torch.cuda.set_per_process_memory_fraction (which
+// sets a byte cap, MaxBytes: it declares no share, below).
 //
 // There is nothing else to set: a capped pool maps one-page physical
 // allocations, so that its memory can move 2 MiB at a time to fit its

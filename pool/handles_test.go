@@ -81,22 +81,26 @@ func TestCappedPoolsMapOnePageHandles(t *testing.T) {
 // (declaredShareFraction): alone on its GPU, such a pool's growths map the
 // interior of each block in handles of up to a 2048th of its cap, not one
 // page each, so that jobs started together do not each map thousands of
-// one-page handles before they see one another. Below a cap of 4 GiB a
-// 2048th is under a page: one-page handles. Trim returns every byte.
+// one-page handles before they see one another. Below a cap of 8 GiB a
+// 2048th is under two pages: one-page handles. ReleaseFraction changes
+// nothing here. Trim returns every byte.
 func TestADeclaredShareGrowsInLargerHandles(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		fraction float64
-		most     uint64 // pages per handle at most
+		release  float64 // ReleaseFraction
+		most     uint64  // pages per handle at most
 	}{
-		{"one half", 0.5, 17},    // 71.9 GiB / 2048 = 35.9 MiB: 17 pages
-		{"one quarter", 0.25, 8}, // 35.9 MiB / 2 = 18 MiB: 8 pages
-		{"a small cap", 0.02, 1}, // 2.8 GiB / 2048 < 2 MiB
-		{"just above one half", 0.51, 1},
+		{"one half", 0.5, 0, 17},          // 70.2 GiB / 2048 = 35.1 MiB: 17 pages
+		{"one quarter", 0.25, 0, 8},       // 35.1 GiB / 2048 = 17.5 MiB: 8 pages
+		{"a cap under 8 GiB", 0.05, 0, 1}, // 7.0 GiB / 2048 < 4 MiB: under two pages
+		{"a small cap", 0.02, 0, 1},       // 2.8 GiB / 2048 < 2 MiB
+		{"just above one half", 0.51, 0, 1},
+		{"one half, ReleaseFraction too", 0.5, 0.05, 17},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := onSim(sim.New(sim.Config{}))
-			p := openPool(t, d, Options{Backend: BackendVMM, MaxFraction: c.fraction, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+			p := openPool(t, d, Options{Backend: BackendVMM, MaxFraction: c.fraction, ReleaseFraction: c.release, Cache: CacheOptions{Disable: true}, NoScavenger: true})
 			a, err := p.Alloc(300 * miB) // 150 pages
 			require.NoError(t, err)
 			var handles, several, largest uint64

@@ -168,7 +168,7 @@ func (p *Pool) allocRecorded(size uint64, s device.Stream) (uintptr, error) {
 		h.live[ptr] = liveRec{size, stack}
 		h.mu.Unlock()
 	case errors.Is(err, ErrOutOfMemory):
-		free, _, _ := p.dev.MemGetInfo()
+		free, _, _ := p.dev.unlockedMemGetInfo()
 		h.mu.Lock()
 		h.add(Event{Action: ActionOOM, Size: size, Stream: s, DeviceFree: free, Stack: stack})
 		h.mu.Unlock()

@@ -82,8 +82,9 @@ type Options struct {
 	// so K pools with 1/K each get equal shares in any start order (see
 	// the package doc, "Sharing a GPU"). At most 0.5 also declares the
 	// device shared: a VMM pool then grows in handles of up to a 2048th
-	// of its cap rather than one page each (fewer driver calls when jobs
-	// share the GPU; alone, a smallest feasible cap up to 0.6% higher).
+	// of its cap (from a cap of 8 GiB) rather than one page each (fewer
+	// driver calls when jobs share the GPU; alone, a smallest feasible
+	// cap up to 0.6% higher). MaxBytes declares nothing.
 	// Default 1: no cap beyond the device.
 	MaxFraction float64
 	// MaxBytes caps reserved memory in bytes (default 0: no cap). With
@@ -107,7 +108,8 @@ type Options struct {
 	// training loop's steps make no driver call once the first has run.
 	// Above 0, a pool with no cap maps handles of at most f/2 of that peak,
 	// halved each time large ones kept it from moving enough memory (a
-	// pool with a cap as well maps one-page handles: on lstm and tdnn 7 to
+	// pool with a cap as well maps one-page handles, or a 2048th of the
+	// cap under a MaxFraction of one half or less: on lstm and tdnn 7 to
 	// 11 times the driver time below), and memory moves between steps where
 	// fragmentation would otherwise grow the range: on an H200 a handle
 	// moved costs about 50 µs (cuMemUnmap, cuMemMap, cuMemSetAccess).

@@ -3,6 +3,7 @@ package pool
 // Driver calls counted by the path that made them (Stats.DeviceCallsByPath).
 
 import (
+	"sync"
 	"testing"
 
 	"github.com/gpumem/tlsf/device/sim"
@@ -101,4 +102,51 @@ func TestCallsDuringTheOutOfMemoryHookCountForTheirOwnPath(t *testing.T) {
 	checkStep(t, p, d)
 	require.NoError(t, p.Free(a))
 	require.NoError(t, p.Free(c))
+}
+
+// A few calls are made without the pool's lock (history's look at free
+// memory after a failed allocation, guard mode's stream synchronization
+// at a free): they count for PathOther, and Check, which compares the
+// calls made under the lock by kind and by path, never sees them half
+// counted.
+func TestCallsOutsideTheLockCountForOther(t *testing.T) {
+	d := onSim(sim.New(sim.Config{Capacity: giB}))
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxBytes: 64 * miB, History: 1 << 10, NoScavenger: true})
+	held, err := p.Alloc(48 * miB)
+	require.NoError(t, err)
+	before := p.Stats()
+	var wg sync.WaitGroup
+	const workers, fails = 4, 500
+	for range workers {
+		wg.Go(func() {
+			for range fails {
+				_, err := p.Alloc(32 * miB)
+				assert.ErrorIs(t, err, ErrOutOfMemory)
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+			require.NoError(t, p.Check())
+		}
+	}
+	after := p.Stats()
+	assert.Equal(t, after.DeviceCalls.Total(), sumPaths(after.DeviceCallsByPath))
+	assert.GreaterOrEqual(t, after.DeviceCallsByPath[PathOther]-before.DeviceCallsByPath[PathOther], uint64(workers*fails),
+		"a cuMemGetInfo per failure recorded in the history, outside the lock")
+	require.NoError(t, p.Free(held))
+	checkStep(t, p, d)
+}
+
+func sumPaths(c PathCounts) uint64 {
+	var n uint64
+	for _, v := range c {
+		n += v
+	}
+	return n
 }

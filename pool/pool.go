@@ -103,6 +103,18 @@ type counters struct {
 // MaxBytes cap below the allocation granularity or below the initial
 // reserve), device errors from the calls above.
 func New(dev device.Device, opts Options) (*Pool, error) {
+	p, err := newPool(dev, opts)
+	if err != nil {
+		return nil, err
+	}
+	// Started once New's calls stopped counting for PathSetup, so that
+	// the scavenger's wakes never see (or restore) that path.
+	p.startScavenger()
+	return p, nil
+}
+
+// newPool is New but for the scavenger.
+func newPool(dev device.Device, opts Options) (*Pool, error) {
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
@@ -192,7 +204,6 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 	if !o.Cache.Disable {
 		p.cache = newCacheSet(p, o.Cache)
 	}
-	p.startScavenger()
 	return p, nil
 }
 
@@ -298,10 +309,7 @@ func (p *Pool) allocOdd(size, align uint64, s device.Stream) (uintptr, error) {
 		return 0, fmt.Errorf("%w: %d bytes", ErrTooLarge, size)
 	}
 	if p.pt != nil {
-		prev := p.dev.enter(PathAlloc)
-		ptr, err := p.pt.alloc(p, size, s)
-		p.dev.leave(prev)
-		return ptr, err
+		return p.ptAlloc(size, s)
 	}
 	b, reused, err := p.allocBlock(size, align, s)
 	if err != nil {
@@ -309,6 +317,14 @@ func (p *Pool) allocOdd(size, align uint64, s device.Stream) (uintptr, error) {
 	}
 	p.noteAlloc(b, reused)
 	return uintptr(b.Addr), nil
+}
+
+// ptAlloc is a passthrough pool's allocation: its driver calls count for
+// PathAlloc, even if the out-of-memory hook panics.
+func (p *Pool) ptAlloc(size uint64, s device.Stream) (uintptr, error) {
+	prev := p.dev.enter(PathAlloc)
+	defer p.dev.leave(prev)
+	return p.pt.alloc(p, size, s)
 }
 
 // setMeta records the state of allocated block b.
@@ -423,16 +439,17 @@ func (p *Pool) search(size, align uint64) (tlsf.Block, error) {
 		return b, err
 	}
 	if need := p.heap.unbacked(b); need > 0 {
-		prev := p.dev.enter(PathAlloc)
-		b, err = p.backSearched(b, size, align, need)
-		p.dev.leave(prev)
+		return p.backSearched(b, size, align, need)
 	}
-	return b, err
+	return b, nil
 }
 
 // backSearched is search for a block b placed on released pages, need
-// bytes of them.
+// bytes of them; its driver calls count for PathAlloc (unless made on
+// another path already).
 func (p *Pool) backSearched(b tlsf.Block, size, align, need uint64) (tlsf.Block, error) {
+	prev := p.dev.enter(PathAlloc)
+	defer p.dev.leave(prev)
 	if err := p.makeRoom(need, false); err != nil {
 		_, _ = p.x.Free(b.Addr)
 		return tlsf.Block{}, err
@@ -772,7 +789,9 @@ func (p *Pool) noteFragmentation(room, tail uint64) {
 // memory in use, k included (vmmHeap.releasePages: releaseHandleDivisor);
 // one-page handles in a capped pool (MaxBytes, or MaxFraction below 1;
 // with ReleaseFraction too, then even under pressure), whose memory must
-// be able to move at the finest granularity to fit under its cap; but not
+// be able to move at the finest granularity to fit under its cap (where
+// the device is shared, or a MaxFraction of one half or less declares it
+// so, setShared lets its growths map larger handles inside a block); but not
 // while a capped pool without ReleaseFraction is under pressure (an
 // allocation failed in its last recyclePressureAllocs), when it maps large
 // handles and releases the one-page handles it moves instead of keeping
@@ -907,7 +926,8 @@ const sharedHandleDivisor = 1024
 // least one other job as large. Until others hold enough of it to make it
 // shared by the rules above, such a pool's growths map the interior of
 // each block in handles of up to a 2048th of its cap (one page below a cap
-// of 4 GiB), half the size the device's being shared gives: jobs started
+// of 8 GiB, as handles of less than two pages are one-page ones), half
+// what a shared device gives from a cap of 8 GiB on: jobs started
 // together each grow alone at first, and the first to start mapped
 // thousands of one-page handles before the others held a 128th of the
 // device, which it later moved one by one (half a driver call per
@@ -916,17 +936,19 @@ const sharedHandleDivisor = 1024
 //
 // Measured on the simulated H200 (tlsf-stress multi -g 16, 20,000
 // operations per process, seeds 13 to 20, 2026-12-02), K = 2, 3, 4, the
-// largest driver calls per operation of any process: 0.71, 0.73 and 1.27
-// against 1.24, 1.34 and 1.36 before (medians 0.48, 0.51, 0.49 against
-// 0.64, 0.51, 0.56; processes above 1: 4 of 72 against 8); with a 1024th
-// (as shared), 0.61, 0.82 and 1.12. The price is paid by a job alone on
-// its GPU at such a fraction: memory moves only in whole handles, so its
-// smallest feasible cap grows, on the nine traces (replayed with the cap
-// as MaxFraction of a device 2.2 times their peak live bytes), from at
-// most 1.0040 to at most 1.0057 × peak live, and with every size five
-// times larger, as a job filling half an H200 would be, from at most
-// 1.0011 to 1.0068 (1.0096 with a 1024th); BenchmarkDeclaredShareMinCap
-// in bench/ replays this. Above one half, and for a cap set by MaxBytes
+// largest driver calls per operation of any process: 0.71 and 0.73
+// against 1.24 and 1.34 before at K = 2 and 3, and at K = 4 within the
+// runs' spread (1.27 against 1.36 in one run, 1.22 against 1.21 in
+// another); medians 0.48, 0.51, 0.49 against 0.64, 0.51, 0.56; processes
+// above 1: 4 of 72 against 8. With a 1024th (as shared): 0.61, 0.82 and
+// 1.12. The price is paid by a job alone on its GPU at such a fraction:
+// memory moves only in whole handles, so its smallest feasible cap grows,
+// on the nine traces (replayed with the cap as MaxFraction of a device
+// 2.2 times their peak live bytes), from at most 1.0040–1.0049 to at most
+// 1.0057–1.0060 × peak live, and with every size five times larger, as a
+// job filling half an H200 would be, from at most 1.0011–1.0012 to
+// 1.0067–1.0068 (1.0096 with a 1024th), over several runs;
+// BenchmarkDeclaredShareMinCap in bench/ replays this. Above one half, and for a cap set by MaxBytes
 // alone, nothing changes: one-page handles.
 const (
 	declaredShareFraction      = 0.5
@@ -1348,11 +1370,18 @@ func (p *Pool) reclaimPending(addr uint64) {
 func (p *Pool) afterLockedFree() {
 	p.lockedFree++
 	if p.lockedFree%ReleaseCheckInterval == 0 && p.opts.FreeFloorFraction > 0 {
-		prev := p.dev.enter(PathScavenge)
-		defer p.dev.leave(prev)
-		if free, total, err := p.dev.MemGetInfo(); err == nil && float64(free) < p.opts.FreeFloorFraction*float64(total) {
-			_, _ = p.releaseUnused(math.MaxUint64)
-		}
+		p.checkFloor()
+	}
+}
+
+// checkFloor returns all unused memory if the device's free memory is
+// below FreeFloorFraction of its total; its calls count for
+// PathScavenge. Pool lock held.
+func (p *Pool) checkFloor() {
+	prev := p.dev.enter(PathScavenge)
+	defer p.dev.leave(prev)
+	if free, total, err := p.dev.MemGetInfo(); err == nil && float64(free) < p.opts.FreeFloorFraction*float64(total) {
+		_, _ = p.releaseUnused(math.MaxUint64)
 	}
 }
 

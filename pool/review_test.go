@@ -47,16 +47,20 @@ func TestRecycleLeavesLargeHandlesWhole(t *testing.T) {
 
 // A hook that panics leaves the pool usable once the caller recovers.
 func TestOnOutOfMemoryPanicDoesNotWedgeThePool(t *testing.T) {
-	d := onSim(sim.New(sim.Config{Capacity: giB}))
-	p := openPool(t, d, Options{MaxBytes: 64 * miB, OnOutOfMemory: func(uint64) { panic("hook") }})
-	held, err := p.Alloc(48 * miB)
-	require.NoError(t, err)
-	require.Panics(t, func() { _, _ = p.Alloc(32 * miB) })
-	done := make(chan struct{})
-	go func() { _ = p.Stats(); close(done) }()
-	<-done // would block forever with the lock still held
-	require.NoError(t, p.Free(held))
-	checkStep(t, p, d)
+	for _, be := range []Backend{BackendVMM, BackendChunks, BackendPassthrough} {
+		t.Run(be.String(), func(t *testing.T) {
+			d := onSim(sim.New(sim.Config{Capacity: giB}))
+			p := openPool(t, d, Options{Backend: be, MaxBytes: 64 * miB, OnOutOfMemory: func(uint64) { panic("hook") }})
+			held, err := p.Alloc(48 * miB)
+			require.NoError(t, err)
+			require.Panics(t, func() { _, _ = p.Alloc(32 * miB) })
+			done := make(chan struct{})
+			go func() { _ = p.Stats(); close(done) }()
+			<-done // would block forever with the lock still held
+			require.NoError(t, p.Free(held))
+			checkStep(t, p, d) // and no driver-call path is left set
+		})
+	}
 }
 
 func TestHistoryIsBounded(t *testing.T) {

@@ -24,7 +24,7 @@ package pool
 // scavengeCalls driver calls (a cuMemUnmap over several mappings counted
 // once per mapping: Pool.driverWork). The bound is on driver work, not
 // bytes: the driver's cost is per handle and mapping (vmm.go), so a wake
-// returns 64 MiB of one-page handles (a capped pool's) or up to 4 GiB of
+// returns 64 MiB of one-page handles (a pool capped by bytes) or up to 4 GiB of
 // 128 MiB handles (an uncapped pool's growths). So memory goes back at
 // 6.4 GiB/s to 400 GiB/s, and a process that starts after this one went
 // idle finds tens of GiB within the second.

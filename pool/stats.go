@@ -124,9 +124,8 @@ func (p *Pool) statsLocked() Stats {
 		RecycledBytes:  c.recycledBytes,
 		ScavengedBytes: c.scavenged,
 		PendingBlocks:  c.pendingBlocks,
-		DeviceCalls:    p.dev.counts(),
 	}
-	s.DeviceCallsByPath = p.dev.pathCounts()
+	s.DeviceCalls, s.DeviceCallsByPath = p.dev.snapshot()
 	if p.cache != nil {
 		p.cache.addStats(&c, &s)
 	}
@@ -293,12 +292,8 @@ func (p *Pool) checkPaths() error {
 	if path := Path(p.dev.path.Load()); path != PathOther {
 		return fmt.Errorf("pool: driver calls still count for path %v between requests", path)
 	}
-	var byPath uint64
-	for _, n := range p.dev.pathCounts() {
-		byPath += n
-	}
-	if total := p.dev.counts().Total(); byPath != total {
-		return fmt.Errorf("pool: %d driver calls by path, %d by kind", byPath, total)
+	if byKind, byPath := p.dev.lockedSums(); byPath != byKind {
+		return fmt.Errorf("pool: %d driver calls by path, %d by kind", byPath, byKind)
 	}
 	return nil
 }

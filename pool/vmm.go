@@ -40,7 +40,8 @@ import (
 // block they are for the same way, in handles of up to a 1024th of the
 // cap: memory moving between processes moves at the handles' granularity,
 // and one-page handles make filling and moving a share cost driver calls
-// per 2 MiB.
+// per 2 MiB. A MaxFraction of one half or less declares the device shared
+// from the start, with handles of up to a 2048th of the cap.
 type vmmHeap struct {
 	dev     *counted
 	x       *tlsf.Index
@@ -76,7 +77,8 @@ type vmmHeap struct {
 	// blocks could not move.
 	releaseShift uint
 	// sharedPages, where at least 2: other processes hold much of the
-	// device (Pool.setShared, as of the pool's last growth), and a
+	// device, or MaxFraction declares it shared (Pool.setShared, as of
+	// the pool's last growth), and a
 	// growth maps the interior of the block it is for in handles of up to
 	// sharedPages pages even while fine (growthRange), as a mapping of
 	// the holes under a block does (back).
