@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -205,4 +206,26 @@ func TestReplayWarmRunsReportsMedianAndMin(t *testing.T) {
 
 	_, _, status = cli(t, "replay", "--device", "sim", "--warm-runs", "0", "lstm")
 	assert.Equal(t, exitUsage, status)
+}
+
+// A write that fails leaves no half-written file behind, and the error
+// names the file and wraps the cause.
+func TestExportRemovesAFileItFailedToWrite(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "x.ops")
+	cause := fmt.Errorf("disk full")
+	err := writeFile(file, func(w io.Writer) error {
+		_, _ = io.WriteString(w, "partial")
+		return cause
+	})
+	require.ErrorIs(t, err, cause)
+	assert.Contains(t, err.Error(), file)
+	_, statErr := os.Stat(file)
+	assert.True(t, os.IsNotExist(statErr), "the file is removed: %v", statErr)
+	require.NoError(t, writeFile(file, func(w io.Writer) error {
+		_, err := io.WriteString(w, "whole")
+		return err
+	}))
+	got, err := os.ReadFile(file)
+	require.NoError(t, err)
+	assert.Equal(t, "whole", string(got))
 }
