@@ -57,15 +57,27 @@ func (p Path) String() string {
 	return "Path(?)"
 }
 
-// PathCounts holds a count of driver calls per Path.
-type PathCounts [NumPaths]uint64
+// PathCounts holds the driver calls each Path made, by kind:
+// c[PathOutOfMemory][device.CallMemMap] is the cuMemMap calls of the
+// out-of-memory path, c[PathOutOfMemory].Total() all of its calls.
+type PathCounts [NumPaths]device.Counts
 
-// Map returns the non-zero counts keyed by path name.
-func (c PathCounts) Map() map[string]uint64 {
-	m := make(map[string]uint64)
-	for k, n := range c {
-		if n != 0 {
-			m[Path(k).String()] = n
+// Total is the sum over all paths and kinds.
+func (c PathCounts) Total() uint64 {
+	var t uint64
+	for _, k := range c {
+		t += k.Total()
+	}
+	return t
+}
+
+// Map returns the paths that made calls, keyed by name, each with its
+// non-zero counts keyed by driver entry point (device.Counts.Map).
+func (c PathCounts) Map() map[string]map[string]uint64 {
+	m := make(map[string]map[string]uint64)
+	for p, k := range c {
+		if k.Total() != 0 {
+			m[Path(p).String()] = k.Map()
 		}
 	}
 	return m
@@ -85,7 +97,7 @@ func (c PathCounts) Map() map[string]uint64 {
 type counted struct {
 	device.Device
 	n       [device.NumCalls]atomic.Uint64
-	byPath  [NumPaths]atomic.Uint64
+	byPath  [NumPaths][device.NumCalls]atomic.Uint64
 	outside [device.NumCalls]atomic.Uint64 // calls made without the pool's lock
 	path    atomic.Int32                   // the Path locked calls count for now
 	// heaps, when a memory checker watches the pool (nvtx.go), hears of
@@ -100,7 +112,7 @@ type counted struct {
 // count counts one call of kind k, for the current path.
 func (c *counted) count(k device.Call) {
 	c.n[k].Add(1)
-	c.byPath[c.path.Load()].Add(1)
+	c.byPath[c.path.Load()][k].Add(1)
 }
 
 // enter makes the calls that follow count for path, unless they count for
@@ -141,13 +153,15 @@ func (c *counted) counts() device.Counts {
 func (c *counted) snapshot() (device.Counts, PathCounts) {
 	var kinds device.Counts
 	var paths PathCounts
-	for i := range c.byPath {
-		paths[i] = c.byPath[i].Load()
+	for p := range c.byPath {
+		for k := range c.byPath[p] {
+			paths[p][k] = c.byPath[p][k].Load()
+		}
 	}
-	for i := range c.n {
-		o := c.outside[i].Load()
-		kinds[i] = c.n[i].Load() + o
-		paths[PathOther] += o
+	for k := range c.n {
+		o := c.outside[k].Load()
+		kinds[k] = c.n[k].Load() + o
+		paths[PathOther][k] += o
 	}
 	return kinds, paths
 }
@@ -158,8 +172,10 @@ func (c *counted) lockedSums() (byKind, byPath uint64) {
 	for i := range c.n {
 		byKind += c.n[i].Load()
 	}
-	for i := range c.byPath {
-		byPath += c.byPath[i].Load()
+	for p := range c.byPath {
+		for k := range c.byPath[p] {
+			byPath += c.byPath[p][k].Load()
+		}
 	}
 	return byKind, byPath
 }

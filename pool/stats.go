@@ -93,7 +93,7 @@ type Stats struct {
 	DeviceCalls device.Counts
 	// DeviceCallsByPath counts the same calls by the part of the pool
 	// that made them (Path: a request's growth, the out-of-memory path,
-	// the scavenger, ...); its sum is DeviceCalls.Total().
+	// the scavenger, ...), each by kind; its Total is DeviceCalls.Total().
 	DeviceCallsByPath PathCounts
 }
 

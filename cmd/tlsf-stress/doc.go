@@ -199,7 +199,8 @@
 // grows, releases, released_bytes, retries, out_of_memory, cached_bytes,
 // cached_blocks, fragmentation, reserved_bytes, at the end, and
 // device_calls_by_path: the pool's driver calls by the path that made them,
-// pool.Path's names, the non-zero ones), problem_count,
+// pool.Path's names, each an object of driver entry point → calls, the
+// non-zero ones), problem_count,
 // problems (the first 20), error_count, errors, ok.
 //
 // # run --devices

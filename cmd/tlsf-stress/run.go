@@ -211,8 +211,9 @@ type poolSummary struct {
 	Fragmentation float64 `json:"fragmentation"`
 	ReservedBytes uint64  `json:"reserved_bytes"`
 	// DeviceCallsByPath: the allocator's driver calls by the part of the
-	// pool that made them (pool.Path), the non-zero ones.
-	DeviceCallsByPath map[string]uint64 `json:"device_calls_by_path"`
+	// pool that made them (pool.Path), each by driver entry point, the
+	// non-zero ones.
+	DeviceCallsByPath map[string]map[string]uint64 `json:"device_calls_by_path"`
 }
 
 func runRun(cmd *cobra.Command, g *globalFlags, o *runOpts) error {
@@ -330,7 +331,9 @@ func printRunSummary(w io.Writer, r *runResult) {
 	if p := r.Pool; p != nil {
 		fmt.Fprintf(w, "  pool: grows %d, releases %d (%s), OOM retries %d, caches hold %d blocks (%s) at the end, fragmentation %.3f\n",
 			p.Grows, p.Releases, gib(p.ReleasedBytes), p.Retries, p.CachedBlocks, gib(p.CachedBytes), p.Fragmentation)
-		fmt.Fprintf(w, "  pool's device calls by path %s\n", formatCalls(p.DeviceCallsByPath))
+		for _, path := range slices.Sorted(maps.Keys(p.DeviceCallsByPath)) {
+			fmt.Fprintf(w, "  pool's device calls on its %s path %s\n", path, formatCalls(p.DeviceCallsByPath[path]))
+		}
 	}
 	fmt.Fprintf(w, "  allocator's device calls %d %s; the workload's (fills, copies, syncs) %d\n", r.DeviceCalls, formatCalls(r.DeviceCallsByName), r.WorkloadDeviceCalls)
 	fmt.Fprintf(w, "  problems %d, errors %d\n", r.ProblemCount, r.ErrorCount)

@@ -70,7 +70,7 @@ func New(p *pool.Pool, labels prometheus.Labels) *Collector {
 	k("out_of_memory_total", "Requests that failed with ErrOutOfMemory.", func(s *pool.Stats) uint64 { return s.OutOfMemory })
 	k("retries_total", "Runs of the out-of-memory path.", func(s *pool.Stats) uint64 { return s.Retries })
 	c.calls = desc("device_calls_total", "Driver calls the pool made, by entry point.", "call")
-	c.paths = desc("device_calls_by_path_total", "Driver calls the pool made, by the part of the pool that made them (pool.Path).", "path")
+	c.paths = desc("device_calls_by_path_total", "Driver calls the pool made, by the part of the pool that made them (pool.Path) and entry point.", "path", "call")
 	c.bySize = desc("allocs_by_size_total", "Successful allocations by block size: blocks of more than le_bytes/2 and at most le_bytes bytes.", "le_bytes")
 	return c
 }
@@ -103,9 +103,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.calls, prometheus.CounterValue, float64(n), device.Call(i).String())
 		}
 	}
-	for i, n := range s.DeviceCallsByPath {
-		if n > 0 {
-			ch <- prometheus.MustNewConstMetric(c.paths, prometheus.CounterValue, float64(n), pool.Path(i).String())
+	for p, calls := range s.DeviceCallsByPath {
+		for i, n := range calls {
+			if n > 0 {
+				ch <- prometheus.MustNewConstMetric(c.paths, prometheus.CounterValue, float64(n), pool.Path(p).String(), device.Call(i).String())
+			}
 		}
 	}
 	for k, n := range s.AllocsBySize {
