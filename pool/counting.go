@@ -88,12 +88,11 @@ func (c PathCounts) Map() map[string]map[string]uint64 {
 // Stats.DeviceCallsByPath. The pool makes its calls under its lock, but
 // for the few the unlocked* methods make (guard mode's stream
 // synchronization at a free, history's look at free memory after a
-// failure), which count for
-// PathOther in counters of their own (outside): they neither read nor
-// disturb the current path, which the lock guards. The counters and the
-// path are atomic all the same, so that no call can race with Stats. The
-// path is set only on slow paths (enter, switchTo, leave), never on a
-// fast path's Alloc or Free.
+// failure), which count for PathOther in counters of their own
+// (outside): they neither read nor disturb the current path, which the
+// lock guards. The counters and the path are atomic all the same, so that
+// no call can race with Stats. The path is set only on slow paths (enter,
+// switchTo, leave), never on a fast path's Alloc or Free.
 type counted struct {
 	device.Device
 	n       [device.NumCalls]atomic.Uint64
