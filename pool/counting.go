@@ -84,21 +84,19 @@ func (c PathCounts) Map() map[string]map[string]uint64 {
 }
 
 // counted wraps the pool's Device and counts every call the pool makes,
-// by kind, for Stats.DeviceCalls, and by the path making it, for
-// Stats.DeviceCallsByPath. The pool makes its calls under its lock, but
-// for the few the unlocked* methods make (guard mode's stream
+// by the path making it and by kind (Stats.DeviceCallsByPath; summed over
+// the paths, Stats.DeviceCalls). The pool makes its calls under its lock,
+// but for the few the unlocked* methods make (guard mode's stream
 // synchronization at a free, history's look at free memory after a
-// failure), which count for PathOther in counters of their own
-// (outside): they neither read nor disturb the current path, which the
-// lock guards. The counters and the path are atomic all the same, so that
-// no call can race with Stats. The path is set only on slow paths (enter,
-// switchTo, leave), never on a fast path's Alloc or Free.
+// failure), which count for PathOther: they neither read nor disturb the
+// current path, which the lock guards. The counters and the path are
+// atomic all the same, so that no call can race with Stats. The path is
+// set only on slow paths (enter, switchTo, leave), never on a fast path's
+// Alloc or Free.
 type counted struct {
 	device.Device
-	n       [device.NumCalls]atomic.Uint64
-	byPath  [NumPaths][device.NumCalls]atomic.Uint64
-	outside [device.NumCalls]atomic.Uint64 // calls made without the pool's lock
-	path    atomic.Int32                   // the Path locked calls count for now
+	byPath [NumPaths][device.NumCalls]atomic.Uint64
+	path   atomic.Int32 // the Path locked calls count for now
 	// heaps, when a memory checker watches the pool (nvtx.go), hears of
 	// every piece of device memory the heap takes and returns.
 	heaps *memWatch
@@ -110,7 +108,6 @@ type counted struct {
 
 // count counts one call of kind k, for the current path.
 func (c *counted) count(k device.Call) {
-	c.n[k].Add(1)
 	c.byPath[c.path.Load()][k].Add(1)
 }
 
@@ -139,61 +136,47 @@ func (c *counted) seenFree() (uint64, bool) {
 	return c.lastFree.Load(), c.lastFreeOK.Load()
 }
 
-// counts returns the calls by kind, those made outside the lock included.
+// counts returns the calls by kind.
 func (c *counted) counts() device.Counts {
 	all, _ := c.snapshot()
 	return all
 }
 
-// snapshot returns the calls by kind and by path, each set adding up to
-// the same total as long as no call is under way under the lock (the
-// pool's lock held): the calls made outside the lock are read once and
-// added to both, for PathOther.
+// snapshot returns the calls by path and kind, read once each, and their
+// sums over the paths: the calls by kind.
 func (c *counted) snapshot() (device.Counts, PathCounts) {
 	var kinds device.Counts
 	var paths PathCounts
 	for p := range c.byPath {
 		for k := range c.byPath[p] {
-			paths[p][k] = c.byPath[p][k].Load()
+			n := c.byPath[p][k].Load()
+			paths[p][k] = n
+			kinds[k] += n
 		}
-	}
-	for k := range c.n {
-		o := c.outside[k].Load()
-		kinds[k] = c.n[k].Load() + o
-		paths[PathOther][k] += o
 	}
 	return kinds, paths
 }
 
-// lockedSums returns the totals of the calls made under the lock by kind
-// and by path, which are equal while the pool's lock is held.
-func (c *counted) lockedSums() (byKind, byPath uint64) {
-	for i := range c.n {
-		byKind += c.n[i].Load()
-	}
-	for p := range c.byPath {
-		for k := range c.byPath[p] {
-			byPath += c.byPath[p][k].Load()
-		}
-	}
-	return byKind, byPath
-}
-
 // unlockedMemGetInfo is MemGetInfo for a caller without the pool's lock.
 func (c *counted) unlockedMemGetInfo() (free, total uint64, err error) {
-	c.outside[device.CallMemGetInfo].Add(1)
-	return c.Device.MemGetInfo()
+	c.byPath[PathOther][device.CallMemGetInfo].Add(1)
+	return c.memGetInfo()
 }
 
 // unlockedStreamSynchronize is StreamSynchronize for a caller without the
 // pool's lock.
 func (c *counted) unlockedStreamSynchronize(s device.Stream) error {
-	c.outside[device.CallStreamSynchronize].Add(1)
+	c.byPath[PathOther][device.CallStreamSynchronize].Add(1)
 	return c.Device.StreamSynchronize(s)
 }
 
 func (c *counted) MemGetInfo() (uint64, uint64, error) {
 	c.count(device.CallMemGetInfo)
+	return c.memGetInfo()
+}
+
+// memGetInfo is cuMemGetInfo, its answer kept for seenFree; not counted.
+func (c *counted) memGetInfo() (uint64, uint64, error) {
 	free, total, err := c.Device.MemGetInfo()
 	if err == nil {
 		c.lastFree.Store(free)
