@@ -7,6 +7,7 @@ package main
 // tlsf.c, on the calling OS thread, with its thread-local message.
 
 /*
+#include <stddef.h>
 #include <stdlib.h>
 #include "tlsf.h"
 
@@ -14,6 +15,7 @@ static uintptr_t call_malloc(size_t size, int dev, uintptr_t s) { return (uintpt
 static void call_free(uintptr_t ptr, size_t size, int dev, uintptr_t s) { tlsf_free((void*)ptr, size, dev, (void*)s); }
 static void call_record_stream(uintptr_t ptr, uintptr_t s) { tlsf_record_stream((void*)ptr, (void*)s); }
 static int call_get_stats(int dev, tlsf_stats* out, size_t size) { if (out) out->size = size; return tlsf_get_stats(dev, out); }
+static size_t released_offset(void) { return offsetof(tlsf_stats, released); }
 */
 import "C"
 
@@ -26,6 +28,8 @@ type stats struct {
 	PeakAllocated, PeakReserved           uint64
 	NumAllocs, NumFrees, NumOOMs, DevCall uint64
 	Cap                                   uint64
+	Released                              uint64
+	ByPath                                [C.TLSF_NUM_PATHS]uint64
 }
 
 func callMalloc(size uint64, dev int, s uintptr) uintptr {
@@ -56,8 +60,8 @@ func callConfigure(conf string, null bool) int {
 // callGetStats calls tlsf_get_stats with out->size = size (nil out when
 // null) and returns the struct, in a buffer larger than the struct so that
 // a test sees any byte written past size.
-func callGetStats(dev int, size uint64, null bool) (stats, [16]uint64, int) {
-	var buf [16]uint64
+func callGetStats(dev int, size uint64, null bool) (stats, [32]uint64, int) {
+	var buf [32]uint64
 	for i := range buf {
 		buf[i] = 0xdeadbeef
 	}
@@ -72,3 +76,36 @@ func callGetStats(dev int, size uint64, null bool) (stats, [16]uint64, int) {
 
 // statsSize is sizeof(tlsf_stats).
 const statsSize = C.sizeof_tlsf_stats
+
+// statsSizeBefore is sizeof(tlsf_stats) as a caller built against the
+// tlsf.h before released and device_calls_by_path knows it.
+var statsSizeBefore = uint64(C.released_offset())
+
+// The TLSF_PATH_* of tlsf.h, for tests.
+const (
+	pathAll         = C.TLSF_PATH_ALL
+	pathSetup       = C.TLSF_PATH_SETUP
+	pathAlloc       = C.TLSF_PATH_ALLOC
+	pathOutOfMemory = C.TLSF_PATH_OUT_OF_MEMORY
+	numPaths        = C.TLSF_NUM_PATHS
+)
+
+// callGetDeviceCalls calls tlsf_get_device_calls with call NULL where
+// name is "", and out NULL where null is set; out starts at sentinel.
+func callGetDeviceCalls(dev, path int, name string, null bool) (uint64, int) {
+	var cs *C.char
+	if name != "" {
+		cs = C.CString(name)
+		defer C.free(unsafe.Pointer(cs))
+	}
+	n := C.uint64_t(sentinel)
+	out := &n
+	if null {
+		out = nil
+	}
+	rc := int(C.tlsf_get_device_calls(C.int(dev), C.int(path), cs, out))
+	return uint64(n), rc
+}
+
+// sentinel is what callGetDeviceCalls's out holds before the call.
+const sentinel = 0xdeadbeef

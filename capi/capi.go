@@ -173,7 +173,74 @@ func tlsfgo_get_stats(dev C.int, out *C.tlsf_stats) (rc C.int) {
 	out.num_ooms = C.uint64_t(s.OutOfMemory)
 	out.device_calls = C.uint64_t(s.DeviceCalls.Total())
 	out.cap = C.uint64_t(limit)
+	out.released = C.uint64_t(s.ReleasedBytes)
+	for path, c := range s.DeviceCallsByPath {
+		out.device_calls_by_path[path] = C.uint64_t(c.Total())
+	}
 	return 0
+}
+
+// tlsf.h's TLSF_PATH_* are pool.Path's values: a compile error here
+// (a negative constant converted to uint) if they drift apart.
+const (
+	_ = uint(C.TLSF_PATH_OTHER-int(pool.PathOther)) + uint(int(pool.PathOther)-C.TLSF_PATH_OTHER)
+	_ = uint(C.TLSF_PATH_SETUP-int(pool.PathSetup)) + uint(int(pool.PathSetup)-C.TLSF_PATH_SETUP)
+	_ = uint(C.TLSF_PATH_ALLOC-int(pool.PathAlloc)) + uint(int(pool.PathAlloc)-C.TLSF_PATH_ALLOC)
+	_ = uint(C.TLSF_PATH_OUT_OF_MEMORY-int(pool.PathOutOfMemory)) + uint(int(pool.PathOutOfMemory)-C.TLSF_PATH_OUT_OF_MEMORY)
+	_ = uint(C.TLSF_PATH_SCAVENGE-int(pool.PathScavenge)) + uint(int(pool.PathScavenge)-C.TLSF_PATH_SCAVENGE)
+	_ = uint(C.TLSF_PATH_TRIM-int(pool.PathTrim)) + uint(int(pool.PathTrim)-C.TLSF_PATH_TRIM)
+	_ = uint(C.TLSF_NUM_PATHS-int(pool.NumPaths)) + uint(int(pool.NumPaths)-C.TLSF_NUM_PATHS)
+)
+
+//export tlsfgo_get_device_calls
+func tlsfgo_get_device_calls(dev, path C.int, call *C.char, n C.size_t, out *C.uint64_t) (rc C.int) {
+	rc = -1
+	defer guard("tlsf_get_device_calls")
+	if path < C.TLSF_PATH_ALL || path >= C.TLSF_NUM_PATHS {
+		setError("tlsf_get_device_calls", fmt.Errorf("path %d is not a TLSF_PATH_* (0 to %d, or TLSF_PATH_ALL)", int(path), C.TLSF_NUM_PATHS-1))
+		return -1
+	}
+	kind := device.NumCalls // every entry point
+	if call != nil {
+		name := C.GoStringN(call, C.int(min(n, math.MaxInt32)))
+		kind = callNamed(name)
+		if kind == device.NumCalls {
+			setError("tlsf_get_device_calls", fmt.Errorf("%q is not a driver entry point this library calls (such as cuMemMap)", name))
+			return -1
+		}
+	}
+	p, err := reg.lookup(int(dev))
+	if err != nil {
+		setError("tlsf_get_device_calls", err)
+		return -1
+	}
+	var total uint64
+	if p != nil {
+		s := p.Stats()
+		for q, c := range s.DeviceCallsByPath {
+			if path != C.TLSF_PATH_ALL && q != int(path) {
+				continue
+			}
+			if kind == device.NumCalls {
+				total += c.Total()
+			} else {
+				total += c[kind]
+			}
+		}
+	}
+	*out = C.uint64_t(total)
+	return 0
+}
+
+// callNamed returns the Call whose entry point is name, or
+// device.NumCalls where none is.
+func callNamed(name string) device.Call {
+	for k := range device.NumCalls {
+		if k.String() == name {
+			return k
+		}
+	}
+	return device.NumCalls
 }
 
 //export tlsfgo_trim

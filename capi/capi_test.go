@@ -196,6 +196,7 @@ func TestBadInput(t *testing.T) {
 func withoutReleasable(s stats) stats {
 	s.Active -= s.Cached
 	s.Cached, s.Reserved, s.NumOOMs, s.DevCall = 0, 0, 0, 0
+	s.Released, s.ByPath = 0, [numPaths]uint64{}
 	return s
 }
 
@@ -212,6 +213,81 @@ func TestStatsSize(t *testing.T) {
 	s, _, rc = callGetStats(2, statsSize, false) // no pool yet: zeros
 	require.Zero(t, rc, lastError())
 	require.Equal(t, stats{Size: statsSize}, s)
+	// A caller built against the tlsf.h before released and
+	// device_calls_by_path gets the fields it knows, and nothing past them.
+	require.NotZero(t, callMalloc(1<<20, 0, 0), lastError()) // a pool with driver calls
+	s, buf, rc = callGetStats(0, statsSizeBefore, false)
+	require.Zero(t, rc, lastError())
+	require.Equal(t, statsSizeBefore, s.Size)
+	require.NotZero(t, s.DevCall)
+	require.Equal(t, uint64(0xdeadbeef), buf[statsSizeBefore/8], "released written for an older caller")
+}
+
+// device_calls_by_path splits device_calls by path, and
+// tlsf_get_device_calls reads any path and entry point.
+func TestDeviceCallsByPath(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	const dev = 2
+	n, rc := callGetDeviceCalls(dev, pathAll, "", false) // no pool yet
+	require.Zero(t, rc, lastError())
+	require.Zero(t, n)
+	ptr := callMalloc(simCapacity/2, dev, 0)
+	require.NotZero(t, ptr, lastError())
+	require.Zero(t, callMalloc(simCapacity*3/4, dev, 0), "a request the device has no room for")
+	require.Contains(t, lastError(), "out of memory")
+	callFree(ptr, 0, dev, 0)
+	require.Empty(t, lastError())
+	require.NotZero(t, callTrim(dev), lastError())
+
+	s, _, rc := callGetStats(dev, statsSize, false)
+	require.Zero(t, rc, lastError())
+	var sum uint64
+	for path, c := range s.ByPath {
+		sum += c
+		got, rc := callGetDeviceCalls(dev, path, "", false)
+		require.Zero(t, rc, lastError())
+		require.Equal(t, c, got, "path %d", path)
+	}
+	require.Equal(t, s.DevCall, sum)
+	require.NotZero(t, s.ByPath[pathSetup], "New reserves the address range")
+	require.NotZero(t, s.ByPath[pathAlloc], "the growth")
+	require.NotZero(t, s.ByPath[pathOutOfMemory], "the failed request's retry")
+	require.NotZero(t, s.Released, "the trim")
+	all, rc := callGetDeviceCalls(dev, pathAll, "", false)
+	require.Zero(t, rc, lastError())
+	require.Equal(t, s.DevCall, all)
+	maps, rc := callGetDeviceCalls(dev, pathAlloc, "cuMemMap", false)
+	require.Zero(t, rc, lastError())
+	require.NotZero(t, maps)
+	allMaps, rc := callGetDeviceCalls(dev, pathAll, "cuMemMap", false)
+	require.Zero(t, rc, lastError())
+	require.GreaterOrEqual(t, allMaps, maps)
+	allocs, rc := callGetDeviceCalls(dev, pathAll, "cuMemAlloc", false) // a VMM pool makes none
+	require.Zero(t, rc, lastError())
+	require.Zero(t, allocs)
+
+	for _, tc := range []struct {
+		name      string
+		dev, path int
+		call      string
+		null      bool
+		want      string
+	}{
+		{"out NULL", dev, pathAll, "", true, "NULL"},
+		{"path below TLSF_PATH_ALL", dev, -2, "", false, "path -2"},
+		{"path TLSF_NUM_PATHS", dev, numPaths, "", false, "path 6"},
+		{"an unknown entry point", dev, pathAll, "cuMemAllocManaged", false, `"cuMemAllocManaged"`},
+		{"a bad device", -1, pathAll, "", false, "device ordinal -1"},
+	} {
+		n, rc := callGetDeviceCalls(tc.dev, tc.path, tc.call, tc.null)
+		require.Equal(t, -1, rc, tc.name)
+		require.Contains(t, lastError(), tc.want, tc.name)
+		require.Equal(t, uint64(sentinel), n, "%s: out changed", tc.name)
+	}
+	after, _, _ := callGetStats(dev, statsSize, false)
+	require.Equal(t, s, after, "a failed call moved the statistics")
+	checkPools(t)
 }
 
 // The memory-fraction hook caps reserved memory at fraction × total, and

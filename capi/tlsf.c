@@ -91,6 +91,16 @@ int tlsf_get_stats(int device, tlsf_stats* out) {
 	return 0;
 }
 
+int tlsf_get_device_calls(int device, int path, const char* call, uint64_t* out) {
+	tlsf_errbuf[0] = 0;
+	if (out == NULL) {
+		static const char msg[] = "tlsf_get_device_calls: out is NULL";
+		tlsf_set_error(msg, sizeof msg - 1);
+		return -1;
+	}
+	return tlsfgo_get_device_calls(device, path, (char*)call, call == NULL ? 0 : strlen(call), out);
+}
+
 size_t tlsf_trim(int device) {
 	tlsf_errbuf[0] = 0;
 	return tlsfgo_trim(device);

@@ -22,8 +22,9 @@
  * Errors. No function aborts or exits the process, whatever it is passed.
  * A failed call leaves every pool's allocations and statistics as they
  * were, apart from the counters of driver calls and out-of-memory events
- * (num_ooms, device_calls) and the release of unused cached memory that
- * the out-of-memory path performs before giving up (reserved may drop).
+ * (num_ooms, device_calls, device_calls_by_path) and the release of unused
+ * cached memory that the out-of-memory path performs before giving up
+ * (reserved may drop, released grow).
  *
  * Streams. A stream argument is a CUstream / cudaStream_t (NULL: the
  * legacy default stream). Memory freed on a stream may be reused at once
@@ -58,10 +59,26 @@ extern "C" {
 #define TLSF_ERROR_MAX 1024
 
 /*
+ * The parts of a pool that make driver calls (pool.Path in Go), for
+ * tlsf_stats.device_calls_by_path and tlsf_get_device_calls. A call counts
+ * for the outermost path it is made in, except that the out-of-memory path
+ * takes over from a request's own growth.
+ */
+#define TLSF_PATH_OTHER         0 /* stream and event calls of stream-ordered frees, pitch queries, ... */
+#define TLSF_PATH_SETUP         1 /* making the pool (address range, initial reserve) */
+#define TLSF_PATH_ALLOC         2 /* a request's own growth and mapping of released pages */
+#define TLSF_PATH_OUT_OF_MEMORY 3 /* from a request's first failed growth on: waits, pages moved, the retry */
+#define TLSF_PATH_SCAVENGE      4 /* memory returned because the device ran low (free_floor_fraction) */
+#define TLSF_PATH_TRIM          5 /* tlsf_trim and tlsf_reset */
+#define TLSF_NUM_PATHS          6 /* the number of paths; not a path */
+#define TLSF_PATH_ALL          -1 /* every path, for tlsf_get_device_calls */
+
+/*
  * tlsf_stats: a pool's statistics, in bytes unless said otherwise. The
  * struct may grow at its end in later versions: set size to
  * sizeof(tlsf_stats) before calling tlsf_get_stats, which fills at most
- * that many bytes and sets size to the number of bytes it filled.
+ * that many bytes and sets size to the number of bytes it filled. A
+ * caller built against an older tlsf.h gets the fields it knows.
  */
 typedef struct tlsf_stats {
   size_t   size;            /* in: sizeof(tlsf_stats) as the caller knows it; out: bytes filled */
@@ -77,6 +94,10 @@ typedef struct tlsf_stats {
   uint64_t num_ooms;        /* allocations that failed for want of memory */
   uint64_t device_calls;    /* driver calls the pool made, of every kind */
   uint64_t cap;             /* the cap on reserved now, bytes (0: none) */
+  /* Since 2026-12-02 (size at least offsetof(tlsf_stats, released) + 8): */
+  uint64_t released;        /* bytes returned to the driver since the pool was made */
+  uint64_t device_calls_by_path[TLSF_NUM_PATHS]; /* device_calls by the part of the pool
+                               that made them (TLSF_PATH_*); they sum to device_calls */
 } tlsf_stats;
 
 /*
@@ -172,6 +193,17 @@ int tlsf_configure(const char* conf);
  * when *out is unchanged.
  */
 int tlsf_get_stats(int device, tlsf_stats* out);
+
+/*
+ * tlsf_get_device_calls: sets *out to the number of driver calls the pool
+ * of `device` made to the entry point named `call` (e.g. "cuMemMap",
+ * "cuMemCreate", "cuMemGetInfo"; NULL: every entry point) on `path`
+ * (TLSF_PATH_*, or TLSF_PATH_ALL for every path) since it was made. A
+ * device with no pool yet reports 0. Returns 0 on success; -1 on failure
+ * (out NULL, a path out of range, a name that is no driver entry point
+ * the library calls, a bad device ordinal), when *out is unchanged.
+ */
+int tlsf_get_device_calls(int device, int path, const char* call, uint64_t* out);
 
 /*
  * tlsf_trim: returns all unused memory of the pool of `device` to the

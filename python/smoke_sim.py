@@ -38,7 +38,11 @@ def main():
     lib.tlsf_free(p, 3 << 20, 0, None)
     assert "double free" in tlsf_torch.last_error(), tlsf_torch.last_error()
     assert tlsf_torch.trim() > 0
-    assert tlsf_torch.stats()["reserved"] == 0
+    st = tlsf_torch.stats()
+    assert st["reserved"] == 0 and st["released"] > 0, st
+    by_path = st["device_calls_by_path"]
+    assert sum(by_path.values()) == st["device_calls"], st
+    assert by_path["setup"] > 0 and by_path["alloc"] > 0 and by_path["trim"] > 0, by_path
     print("smoke_sim: ok", tlsf_torch.stats())
 
 

@@ -50,7 +50,13 @@ class TlsfStats(ctypes.Structure):
         ("num_ooms", ctypes.c_uint64),
         ("device_calls", ctypes.c_uint64),
         ("cap", ctypes.c_uint64),
+        ("released", ctypes.c_uint64),
+        ("device_calls_by_path", ctypes.c_uint64 * 6),
     ]
+
+    # TLSF_PATH_* in capi/tlsf.h, in order: the keys of
+    # stats()["device_calls_by_path"].
+    PATHS = ("other", "setup", "alloc", "out_of_memory", "scavenge", "trim")
 
 
 _lib = None  # the ctypes handle, once loaded
@@ -169,15 +175,24 @@ def last_error():
 
 def stats(device=0):
     """The pool statistics of a device as a dict (see tlsf_stats in
-    capi/tlsf.h); zeros for a device with no pool yet. Raises RuntimeError
-    when the library is not loaded or the call fails."""
+    capi/tlsf.h); zeros for a device with no pool yet.
+    ``device_calls_by_path`` is a dict of the driver calls by the part of
+    the pool that made them ("alloc", "out_of_memory", ...; they sum to
+    ``device_calls``). Raises RuntimeError when the library is not loaded
+    or the call fails."""
     if _lib is None:
         raise RuntimeError("tlsf_torch.stats: the library is not loaded (call install first)")
     s = TlsfStats()
     s.size = ctypes.sizeof(TlsfStats)
     if _lib.tlsf_get_stats(int(device), ctypes.byref(s)) != 0:
         raise RuntimeError("tlsf_torch.stats: " + last_error())
-    return {name: int(getattr(s, name)) for name, _ in TlsfStats._fields_ if name != "size"}
+    out = {}
+    for name, _ in TlsfStats._fields_:
+        if name == "device_calls_by_path":
+            out[name] = {p: int(n) for p, n in zip(TlsfStats.PATHS, s.device_calls_by_path)}
+        elif name != "size":
+            out[name] = int(getattr(s, name))
+    return out
 
 
 def trim(device=0):

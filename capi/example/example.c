@@ -163,6 +163,27 @@ int main(void) {
   CHECK(tlsf_last_error()[0] == 0, "tlsf_trim: %s", tlsf_last_error());
   printf("trim released %zu bytes\n", released);
 
+  /* Where the driver calls came from: by path, and one entry point. */
+  static const char* const paths[TLSF_NUM_PATHS] = {"other", "setup", "alloc", "out_of_memory", "scavenge", "trim"};
+  memset(&st, 0, sizeof st);
+  st.size = sizeof st;
+  CHECK(tlsf_get_stats(0, &st) == 0, "tlsf_get_stats: %s", tlsf_last_error());
+  uint64_t sum = 0;
+  printf("device calls by path:");
+  for (int i = 0; i < TLSF_NUM_PATHS; i++) {
+    sum += st.device_calls_by_path[i];
+    printf(" %s %llu", paths[i], (unsigned long long)st.device_calls_by_path[i]);
+  }
+  printf("; released %llu bytes\n", (unsigned long long)st.released);
+  CHECK(sum == st.device_calls, "calls by path sum to %llu, not %llu", (unsigned long long)sum,
+        (unsigned long long)st.device_calls);
+  CHECK(st.device_calls_by_path[TLSF_PATH_TRIM] > 0, "the trim made no driver call");
+  uint64_t maps = 0;
+  CHECK(tlsf_get_device_calls(0, TLSF_PATH_ALL, "cuMemMap", &maps) == 0, "tlsf_get_device_calls: %s",
+        tlsf_last_error());
+  printf("cuMemMap calls: %llu\n", (unsigned long long)maps);
+  CHECK(tlsf_get_device_calls(0, TLSF_PATH_ALL, "cuMemMapp", &maps) == -1, "a misspelt entry point was accepted");
+
   if (failures) {
     printf("example: %d checks FAILED\n", failures);
     return 1;
