@@ -91,16 +91,17 @@ const (
 )
 
 // callGetDeviceCalls calls tlsf_get_device_calls with call NULL where
-// name is "", and out NULL where null is set; out starts at sentinel.
-func callGetDeviceCalls(dev, path int, name string, null bool) (uint64, int) {
+// nullCall is set (else name, "" included) and out NULL where nullOut is;
+// out starts at sentinel.
+func callGetDeviceCalls(dev, path int, name string, nullCall, nullOut bool) (uint64, int) {
 	var cs *C.char
-	if name != "" {
+	if !nullCall {
 		cs = C.CString(name)
 		defer C.free(unsafe.Pointer(cs))
 	}
 	n := C.uint64_t(sentinel)
 	out := &n
-	if null {
+	if nullOut {
 		out = nil
 	}
 	rc := int(C.tlsf_get_device_calls(C.int(dev), C.int(path), cs, out))

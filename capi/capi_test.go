@@ -16,6 +16,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/pool"
 	"github.com/stretchr/testify/require"
 )
@@ -210,28 +211,38 @@ func TestStatsSize(t *testing.T) {
 	require.Zero(t, rc, lastError())
 	require.Equal(t, uint64(statsSize), s.Size)
 	require.Equal(t, uint64(0xdeadbeef), buf[statsSize/8])
-	s, _, rc = callGetStats(2, statsSize, false) // no pool yet: zeros
+	s, _, rc = callGetStats(noPoolDevice, statsSize, false) // no pool: zeros
 	require.Zero(t, rc, lastError())
 	require.Equal(t, stats{Size: statsSize}, s)
 	// A caller built against the tlsf.h before released and
 	// device_calls_by_path gets the fields it knows, and nothing past them.
-	require.NotZero(t, callMalloc(1<<20, 0, 0), lastError()) // a pool with driver calls
+	ptr := callMalloc(1<<20, 0, 0) // a pool with driver calls
+	require.NotZero(t, ptr, lastError())
+	defer callFree(ptr, 0, 0, 0)
 	s, buf, rc = callGetStats(0, statsSizeBefore, false)
 	require.Zero(t, rc, lastError())
 	require.Equal(t, statsSizeBefore, s.Size)
 	require.NotZero(t, s.DevCall)
 	require.Equal(t, uint64(0xdeadbeef), buf[statsSizeBefore/8], "released written for an older caller")
+	// A size inside a field is rounded down to the fields wholly inside it.
+	s, buf, rc = callGetStats(0, statsSizeBefore+4, false)
+	require.Zero(t, rc, lastError())
+	require.Equal(t, statsSizeBefore, s.Size)
+	require.Equal(t, uint64(0xdeadbeef), buf[statsSizeBefore/8], "half of released written")
 }
+
+// noPoolDevice is the simulated device no test makes a pool on.
+const noPoolDevice = 3
 
 // device_calls_by_path splits device_calls by path, and
 // tlsf_get_device_calls reads any path and entry point.
 func TestDeviceCallsByPath(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	const dev = 2
-	n, rc := callGetDeviceCalls(dev, pathAll, "", false) // no pool yet
+	n, rc := callGetDeviceCalls(noPoolDevice, pathAll, "", true, false)
 	require.Zero(t, rc, lastError())
-	require.Zero(t, n)
+	require.Zero(t, n, "a device with no pool")
+	const dev = 2 // the pool may exist already (another test, -count)
 	ptr := callMalloc(simCapacity/2, dev, 0)
 	require.NotZero(t, ptr, lastError())
 	require.Zero(t, callMalloc(simCapacity*3/4, dev, 0), "a request the device has no room for")
@@ -242,10 +253,15 @@ func TestDeviceCallsByPath(t *testing.T) {
 
 	s, _, rc := callGetStats(dev, statsSize, false)
 	require.Zero(t, rc, lastError())
+	p, err := reg.lookup(dev)
+	require.NoError(t, err)
+	ps := p.Stats()
+	require.Equal(t, ps.ReleasedBytes, s.Released)
 	var sum uint64
 	for path, c := range s.ByPath {
+		require.Equal(t, ps.DeviceCallsByPath[path].Total(), c, "path %d", path)
 		sum += c
-		got, rc := callGetDeviceCalls(dev, path, "", false)
+		got, rc := callGetDeviceCalls(dev, path, "", true, false)
 		require.Zero(t, rc, lastError())
 		require.Equal(t, c, got, "path %d", path)
 	}
@@ -253,34 +269,42 @@ func TestDeviceCallsByPath(t *testing.T) {
 	require.NotZero(t, s.ByPath[pathSetup], "New reserves the address range")
 	require.NotZero(t, s.ByPath[pathAlloc], "the growth")
 	require.NotZero(t, s.ByPath[pathOutOfMemory], "the failed request's retry")
-	require.NotZero(t, s.Released, "the trim")
-	all, rc := callGetDeviceCalls(dev, pathAll, "", false)
+	all, rc := callGetDeviceCalls(dev, pathAll, "", true, false)
 	require.Zero(t, rc, lastError())
 	require.Equal(t, s.DevCall, all)
-	maps, rc := callGetDeviceCalls(dev, pathAlloc, "cuMemMap", false)
+	// One entry point: on each path as the pool counts it, and on all
+	// paths their sum.
+	var mapsSum uint64
+	for path := range numPaths {
+		maps, rc := callGetDeviceCalls(dev, path, "cuMemMap", false, false)
+		require.Zero(t, rc, lastError())
+		require.Equal(t, ps.DeviceCallsByPath[path][device.CallMemMap], maps, "path %d", path)
+		mapsSum += maps
+	}
+	require.NotZero(t, mapsSum)
+	allMaps, rc := callGetDeviceCalls(dev, pathAll, "cuMemMap", false, false)
 	require.Zero(t, rc, lastError())
-	require.NotZero(t, maps)
-	allMaps, rc := callGetDeviceCalls(dev, pathAll, "cuMemMap", false)
-	require.Zero(t, rc, lastError())
-	require.GreaterOrEqual(t, allMaps, maps)
-	allocs, rc := callGetDeviceCalls(dev, pathAll, "cuMemAlloc", false) // a VMM pool makes none
+	require.Equal(t, mapsSum, allMaps)
+	allocs, rc := callGetDeviceCalls(dev, pathAll, "cuMemAlloc", false, false) // a VMM pool makes none
 	require.Zero(t, rc, lastError())
 	require.Zero(t, allocs)
 
 	for _, tc := range []struct {
-		name      string
-		dev, path int
-		call      string
-		null      bool
-		want      string
+		name              string
+		dev, path         int
+		call              string
+		nullCall, nullOut bool
+		want              string
 	}{
-		{"out NULL", dev, pathAll, "", true, "NULL"},
-		{"path below TLSF_PATH_ALL", dev, -2, "", false, "path -2"},
-		{"path TLSF_NUM_PATHS", dev, numPaths, "", false, "path 6"},
-		{"an unknown entry point", dev, pathAll, "cuMemAllocManaged", false, `"cuMemAllocManaged"`},
-		{"a bad device", -1, pathAll, "", false, "device ordinal -1"},
+		{"out NULL", dev, pathAll, "", true, true, "NULL"},
+		{"path below TLSF_PATH_ALL", dev, -2, "", true, false, "path -2"},
+		{"path TLSF_NUM_PATHS", dev, numPaths, "", true, false, "path 6"},
+		{"an unknown entry point", dev, pathAll, "cuMemAllocManaged", false, false, `"cuMemAllocManaged"`},
+		{"an empty entry point name", dev, pathAll, "", false, false, `""`},
+		{"a bad device", -1, pathAll, "", true, false, "device ordinal -1"},
+		{"a bad path on a device with no pool", noPoolDevice, 99, "", true, false, "path 99"},
 	} {
-		n, rc := callGetDeviceCalls(tc.dev, tc.path, tc.call, tc.null)
+		n, rc := callGetDeviceCalls(tc.dev, tc.path, tc.call, tc.nullCall, tc.nullOut)
 		require.Equal(t, -1, rc, tc.name)
 		require.Contains(t, lastError(), tc.want, tc.name)
 		require.Equal(t, uint64(sentinel), n, "%s: out changed", tc.name)
@@ -344,7 +368,7 @@ func TestDestroyedStreamsThroughTheABI(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	const dev = 2
-	first := callMalloc(4096, dev, 0) // makes the pool
+	first := callMalloc(4096, dev, 0) // makes the pool, unless a test did
 	require.NotZero(t, first, lastError())
 	p, err := reg.lookup(dev)
 	require.NoError(t, err)

@@ -86,6 +86,9 @@ int tlsf_get_stats(int device, tlsf_stats* out) {
 		return -1;
 	}
 	size_t n = out->size < sizeof s ? out->size : sizeof s;
+	if (n >= sizeof(uint64_t)) {
+		n -= n % sizeof(uint64_t); /* whole fields only */
+	}
 	s.size = n;
 	memcpy(out, &s, n);
 	return 0;

@@ -73,12 +73,17 @@ extern "C" {
 #define TLSF_NUM_PATHS          6 /* the number of paths; not a path */
 #define TLSF_PATH_ALL          -1 /* every path, for tlsf_get_device_calls */
 
+/* Defined where tlsf_stats has released and device_calls_by_path and the
+ * library has tlsf_get_device_calls. */
+#define TLSF_HAS_DEVICE_CALLS_BY_PATH 1
+
 /*
  * tlsf_stats: a pool's statistics, in bytes unless said otherwise. The
  * struct may grow at its end in later versions: set size to
  * sizeof(tlsf_stats) before calling tlsf_get_stats, which fills at most
- * that many bytes and sets size to the number of bytes it filled. A
- * caller built against an older tlsf.h gets the fields it knows.
+ * that many bytes, in whole 8-byte fields, and sets size to the number of
+ * bytes it filled. A caller built against an older tlsf.h gets the fields
+ * it knows.
  */
 typedef struct tlsf_stats {
   size_t   size;            /* in: sizeof(tlsf_stats) as the caller knows it; out: bytes filled */
@@ -94,7 +99,10 @@ typedef struct tlsf_stats {
   uint64_t num_ooms;        /* allocations that failed for want of memory */
   uint64_t device_calls;    /* driver calls the pool made, of every kind */
   uint64_t cap;             /* the cap on reserved now, bytes (0: none) */
-  /* Since 2026-12-02 (size at least offsetof(tlsf_stats, released) + 8): */
+  /* Added with TLSF_HAS_DEVICE_CALLS_BY_PATH: a library older than that
+   * fills the struct only up to cap and returns that size. A field is
+   * filled where the returned size covers it; all are where it is
+   * sizeof(tlsf_stats). */
   uint64_t released;        /* bytes returned to the driver since the pool was made */
   uint64_t device_calls_by_path[TLSF_NUM_PATHS]; /* device_calls by the part of the pool
                                that made them (TLSF_PATH_*); they sum to device_calls */
@@ -199,9 +207,12 @@ int tlsf_get_stats(int device, tlsf_stats* out);
  * of `device` made to the entry point named `call` (e.g. "cuMemMap",
  * "cuMemCreate", "cuMemGetInfo"; NULL: every entry point) on `path`
  * (TLSF_PATH_*, or TLSF_PATH_ALL for every path) since it was made. A
- * device with no pool yet reports 0. Returns 0 on success; -1 on failure
- * (out NULL, a path out of range, a name that is no driver entry point
- * the library calls, a bad device ordinal), when *out is unchanged.
+ * device with no pool yet reports 0. Each call reads the counters at
+ * its own moment: under concurrent use, several calls (or a call and
+ * tlsf_get_stats) need not add up exactly. Returns 0 on success; -1 on
+ * failure (out NULL, a path out of range, a name, "" included, that is no
+ * driver entry point the library calls, a bad device ordinal), when *out
+ * is unchanged.
  */
 int tlsf_get_device_calls(int device, int path, const char* call, uint64_t* out);
 

@@ -43,6 +43,17 @@ def main():
     by_path = st["device_calls_by_path"]
     assert sum(by_path.values()) == st["device_calls"], st
     assert by_path["setup"] > 0 and by_path["alloc"] > 0 and by_path["trim"] > 0, by_path
+    assert tlsf_torch.device_calls() == st["device_calls"]
+    assert tlsf_torch.device_calls("trim") == by_path["trim"]
+    maps = [tlsf_torch.device_calls(p, "cuMemMap") for p in tlsf_torch.TlsfStats.PATHS]
+    assert sum(maps) == tlsf_torch.device_calls(call="cuMemMap") > 0, maps
+    for bad in (lambda: tlsf_torch.device_calls("nowhere"), lambda: tlsf_torch.device_calls(call="cuMemMapp")):
+        try:
+            bad()
+        except (ValueError, RuntimeError):
+            pass
+        else:
+            raise AssertionError("a bad path or entry point was accepted")
     print("smoke_sim: ok", tlsf_torch.stats())
 
 

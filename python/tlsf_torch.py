@@ -31,7 +31,7 @@ The configuration string is described in capi/tlsf.h
 import ctypes
 import os
 
-__all__ = ["install", "installed", "stats", "trim", "last_error", "TlsfStats", "default_library"]
+__all__ = ["install", "installed", "stats", "device_calls", "trim", "last_error", "TlsfStats", "default_library"]
 
 
 class TlsfStats(ctypes.Structure):
@@ -93,6 +93,9 @@ def _load(path):
     lib.tlsf_configure.restype = ctypes.c_int
     lib.tlsf_get_stats.argtypes = [ctypes.c_int, ctypes.POINTER(TlsfStats)]
     lib.tlsf_get_stats.restype = ctypes.c_int
+    if hasattr(lib, "tlsf_get_device_calls"):  # absent from libraries older than this file
+        lib.tlsf_get_device_calls.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64)]
+        lib.tlsf_get_device_calls.restype = ctypes.c_int
     lib.tlsf_trim.argtypes = [ctypes.c_int]
     lib.tlsf_trim.restype = ctypes.c_size_t
     lib.tlsf_last_error.argtypes = []
@@ -188,11 +191,38 @@ def stats(device=0):
         raise RuntimeError("tlsf_torch.stats: " + last_error())
     out = {}
     for name, _ in TlsfStats._fields_:
+        field = getattr(TlsfStats, name)
+        if name == "size" or field.offset + field.size > s.size:
+            continue  # a library older than this file does not fill it
         if name == "device_calls_by_path":
             out[name] = {p: int(n) for p, n in zip(TlsfStats.PATHS, s.device_calls_by_path)}
-        elif name != "size":
+        else:
             out[name] = int(getattr(s, name))
     return out
+
+
+def device_calls(path=None, call=None, device=0):
+    """The driver calls the pool of a device made on ``path`` (one of
+    ``TlsfStats.PATHS``, such as "out_of_memory"; None: every path) to the
+    entry point ``call`` (such as "cuMemMap"; None: every entry point), as
+    tlsf_get_device_calls. Raises ValueError for an unknown path and
+    RuntimeError when the library is not loaded or refuses the call (an
+    unknown entry point, a library older than tlsf_get_device_calls)."""
+    if _lib is None:
+        raise RuntimeError("tlsf_torch.device_calls: the library is not loaded (call install first)")
+    if not hasattr(_lib, "tlsf_get_device_calls"):
+        raise RuntimeError("tlsf_torch.device_calls: the library is older than tlsf_get_device_calls")
+    if path is None:
+        p = -1  # TLSF_PATH_ALL
+    elif path in TlsfStats.PATHS:
+        p = TlsfStats.PATHS.index(path)
+    else:
+        raise ValueError("tlsf_torch.device_calls: unknown path %r (one of %s)" % (path, ", ".join(TlsfStats.PATHS)))
+    n = ctypes.c_uint64()
+    name = None if call is None else call.encode()
+    if _lib.tlsf_get_device_calls(int(device), p, name, ctypes.byref(n)) != 0:
+        raise RuntimeError("tlsf_torch.device_calls: " + last_error())
+    return int(n.value)
 
 
 def trim(device=0):
