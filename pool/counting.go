@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"strings"
 	"sync/atomic"
 
 	"github.com/gpumem/tlsf/device"
@@ -81,6 +82,23 @@ func (c PathCounts) Map() map[string]map[string]uint64 {
 		}
 	}
 	return m
+}
+
+// String lists the paths that made calls, each with its non-zero counts,
+// e.g. "setup: cuMemGetInfo=1 cuMemAddressReserve=1; alloc: cuMemCreate=3
+// cuMemMap=3"; "" where no path made any.
+func (c PathCounts) String() string {
+	var b strings.Builder
+	for p, k := range c {
+		if k.Total() == 0 {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(Path(p).String() + ": " + k.String())
+	}
+	return b.String()
 }
 
 // counted wraps the pool's Device and counts every call the pool makes,

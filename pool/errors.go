@@ -21,14 +21,20 @@ var (
 	// largest block that could be allocated now (within the cap and the
 	// device's free memory; a VMM pool also names its largest free block
 	// of address space) and the device's free and total memory. When the
-	// driver itself ran out, the error also wraps device.ErrOutOfMemory.
+	// driver itself ran out, or the block exceeds the device's total memory
+	// (the driver's answer, given without asking it), the error also wraps
+	// device.ErrOutOfMemory. A request too large for any pool fails with
+	// ErrTooLarge instead (below): on a VMM pool, one above its virtual
+	// range (VirtualSize, by default twice the device's total memory).
 	ErrOutOfMemory = errors.New("pool: out of memory")
 	// ErrInvalidSize: a size of zero, or a pitch allocation with zero width
 	// or height.
 	ErrInvalidSize = errors.New("pool: invalid size")
 	// ErrTooLarge: a size the pool can never serve: above tlsf.MaxSize,
-	// above the virtual range of a VMM pool, or a pitch allocation whose
-	// pitch × height overflows.
+	// above the virtual range of a VMM pool (Options.VirtualSize), or a
+	// pitch allocation whose pitch × height overflows. It does not match
+	// ErrOutOfMemory: a caller that shrinks its batch on a failure for
+	// want of memory checks for both.
 	ErrTooLarge = errors.New("pool: size too large")
 	// ErrDoubleFree: the pointer was freed already. A pointer that lies
 	// in the free space of a pooled backend's index may also be one the

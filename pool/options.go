@@ -133,8 +133,9 @@ type Options struct {
 	// FreeFloorFraction: when the device's free memory falls below
 	// FreeFloorFraction × total (another process needs memory), the pool
 	// returns unused memory: a background scavenger (scavenge.go) checks
-	// every 10 ms, idle pool or not, and returns up to 64 MiB per check;
-	// frees that take the pool's lock also check, every
+	// every 10 ms, idle pool or not, and returns the shortfall, up to 32
+	// handles per check (64 MiB of one-page handles, up to 4 GiB of 128 MiB
+	// ones); frees that take the pool's lock also check, every
 	// ReleaseCheckInterval of them. Close stops the scavenger. Default 0:
 	// off (no goroutine).
 	FreeFloorFraction float64

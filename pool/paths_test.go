@@ -3,6 +3,7 @@ package pool
 // Driver calls counted by the path that made them (Stats.DeviceCallsByPath).
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 
@@ -143,4 +144,16 @@ func TestCallsOutsideTheLockCountForOther(t *testing.T) {
 		"a cuMemGetInfo per failure recorded in the history, outside the lock")
 	require.NoError(t, p.Free(held))
 	checkStep(t, p, d)
+}
+
+// PathCounts prints with each path's name before its counts, and only the
+// paths that made calls.
+func TestPathCountsString(t *testing.T) {
+	var c PathCounts
+	require.Equal(t, "", c.String())
+	c[PathSetup][device.CallMemGetInfo] = 1
+	c[PathSetup][device.CallAddressReserve] = 1
+	c[PathOutOfMemory][device.CallMemMap] = 7
+	require.Equal(t, "setup: cuMemGetInfo=1 cuMemAddressReserve=1; out_of_memory: cuMemMap=7", c.String())
+	require.Equal(t, "setup: cuMemGetInfo=1 cuMemAddressReserve=1; out_of_memory: cuMemMap=7", fmt.Sprint(c))
 }

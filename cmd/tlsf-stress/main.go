@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/gpumem/tlsf/internal/replay"
 	"github.com/gpumem/tlsf/internal/trace"
 	"github.com/gpumem/tlsf/pool"
 
@@ -96,12 +97,13 @@ func parseConf(s string) (pool.Options, error) {
 
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	g := &globalFlags{}
-	ro := &replayOpts{}
+	ro := &replayOpts{warmRuns: replay.MinWarmRuns} // as replay's --warm-runs default
 	root := &cobra.Command{
 		Use:   "tlsf-stress",
 		Short: "Replay allocation traces through the TLSF GPU memory pool, and stress it",
 		Long: `tlsf-stress replays allocation traces through the TLSF device-memory pool and
-its peers (the driver's cuMemAlloc and cuMemAllocAsync), and stress-tests the
+its peers (cuMemAlloc, cuMemAllocAsync, and the figures of PyTorch's caching allocator
+and CUB recorded on an H200), and stress-tests the
 pool with verified random workloads, on a CUDA GPU or on the simulated H200.
 
 Without a subcommand it replays every embedded trace (` + strings.Join(trace.Names(), ", ") + `) with every

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpumem/tlsf/internal/replay"
 	"github.com/gpumem/tlsf/internal/trace"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -308,6 +309,7 @@ func TestDefaultReplaysEveryTraceWithMinCapAndVerdicts(t *testing.T) {
 	assert.Equal(t, len(trace.Names()), strings.Count(out, "verdict "))
 	assert.Contains(t, out, "our ns/op is host time only, not comparable with the peers' GPU")
 	assert.Contains(t, out, "Simulated H200")
+	assert.Contains(t, out, fmt.Sprintf("timed on it %d times", replay.MinWarmRuns), "the default's warm replays are replay's")
 }
 
 // Every line of the table has its columns aligned with the header's,

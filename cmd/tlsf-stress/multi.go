@@ -448,6 +448,10 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 			gib(r.PeakLiveBytes), gib(r.PeakReservedBytes), r.Share, r.CallsPerOp, r.ProblemCount, r.ErrorCount, status)
 	}
 	tw.Flush()
+	fmt.Fprintln(w, "ops: workload operations (an allocation tried, or a free); allocs + out of memory + frees exceed it by the")
+	fmt.Fprintln(w, "blocks still live at the end, freed after the last. calls/op: the pool's driver calls per op. problems:")
+	fmt.Fprintln(w, "verification failures (corrupted or lost blocks, misuse a simulated device saw); errors: calls that failed")
+	fmt.Fprintln(w, "other than out of memory. Runs with one --seed differ: the goroutines' interleaving is not fixed.")
 	for _, r := range results {
 		for _, p := range r.Problems {
 			fmt.Fprintf(w, "  proc %d PROBLEM: %s\n", r.Proc, p)

@@ -25,8 +25,13 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 	sd := ds.kind == deviceSim
 	here := "this run (" + ds.kind + ")"
 	fmt.Fprintf(w, "Replay on %s (%s). ns/op is the warm cost per alloc or free: each trace is\n", ds.name(), ds.kind)
-	fmt.Fprintln(w, "replayed once to warm the allocator (cold ns/op), then timed on it several times (--warm-runs):")
+	warm := 0
+	if len(results) > 0 {
+		warm = results[0].WarmRuns
+	}
+	fmt.Fprintf(w, "replayed once to warm the allocator (cold ns/op), then timed on it %d times (--warm-runs):\n", warm)
 	fmt.Fprintln(w, "ns/op is the median of those warm replays, min ns/op their minimum. Peers' figures are warm too.")
+	fmt.Fprintln(w, "device calls counts the driver calls of the cold and the warm replays together.")
 	fmt.Fprintf(w, "Rows measured %q come from this replay; rows measured %q are peers'\n", here, baselineSource)
 	fmt.Fprintln(w, "figures recorded on an NVIDIA H200 (internal/trace/data/baseline.json), peak live as the trace sizes it;")
 	fmt.Fprintln(w, "bench/peers/run.sh measures every peer side by side with this pool (bench/RESULTS.md).")
