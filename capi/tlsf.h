@@ -90,7 +90,8 @@ typedef struct tlsf_stats {
   uint64_t allocated;       /* bytes in live blocks, each at its block size (256-byte rounding; size class if cached or good_fit) */
   uint64_t reserved;        /* bytes held from the driver (mapped pages or chunks) */
   uint64_t active;          /* bytes that cannot serve a new request: allocated, blocks
-                               awaiting a stream's work, and cached */
+                               awaiting a stream's work, and cached (Go's Stats.Active
+                               + Stats.Cached) */
   uint64_t cached;          /* bytes held by the per-thread (per-P) small-block caches */
   uint64_t peak_allocated;  /* highest allocated since the pool was made (caches counted in) */
   uint64_t peak_reserved;   /* highest reserved since the pool was made */

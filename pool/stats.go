@@ -23,7 +23,9 @@ type Stats struct {
 	Allocations, AllocationsPeak int64
 	// Active is the bytes of blocks that cannot serve a new request:
 	// live blocks at their block size, and blocks freed on a stream
-	// awaiting its event. In passthrough mode, Allocated.
+	// awaiting its event. In passthrough mode, Allocated. (The C ABI's
+	// tlsf_stats.active is Active + Cached: blocks in the caches serve
+	// only requests of their own size class.)
 	//
 	// With caches on, the peaks of Allocated, Allocations and Active count
 	// blocks held by caches as in use: an upper bound, by at most the
