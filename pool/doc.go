@@ -45,19 +45,24 @@
 // # Sharing a GPU
 //
 // MaxFraction is a fraction of the device's total memory T (cuMemGetInfo
-// at New), so a pool's cap, c = MaxFraction × T, does not depend on what
-// other processes hold or on who started first. With K processes:
+// at New), the process's CUDA context counted in, so a pool's cap,
+// c = MaxFraction × T − C, does not depend on what other processes hold
+// or on who started first. C is what the share leaves for the process's
+// own context: the device's memory in use at New (T − free: the contexts,
+// and whatever was allocated before), at most T/256 (562 MiB on an H200,
+// where a context holds 526 MiB, sim.H200ContextBytes) and at most half
+// the share (contextShareDivisor in pool.go). With K processes:
 //
-//   - Started together, each with MaxFraction 1/K: the caps add up to T.
-//     Since no process holds more than T/K, the others hold at most
-//     (K−1)·T/K, so at least T/K − (own reserved) is free for each: every
-//     process can reach its cap, and K identical jobs end with equal
-//     shares, T/K each (max share / min share = 1, to the granule), less
-//     what the contexts hold (below). On an H200 (T = 143771 MiB) and
-//     K = 2, 3, 4: 71885, 47923, 35942 MiB each.
+//   - Started together, each with MaxFraction 1/K: the caps add up to
+//     T − ΣC, and each context holds no more than its C (where contexts
+//     hold at most T/256), so every process can reach its cap while the
+//     others hold theirs, and K identical jobs end with equal shares,
+//     T/K − C each (max share / min share = 1, to the granule). On an H200
+//     (T = 143771 MiB) and K = 2, 3, 4: about 71323, 47361, 35380 MiB each.
 //   - Started one after another: when job j starts, jobs 1..j−1 hold at
-//     most (j−1)·T/K, so at least T − (j−1)·T/K ≥ T/K is free, and job j
-//     reaches T/K too: the order changes nothing.
+//     most (j−1)·(T/K − C) beside their contexts, so at least T/K − C is
+//     free for job j beside its own, and job j reaches its cap too: the
+//     order changes nothing.
 //   - Fractions adding up to more than 1 promise more than there is: each
 //     pool still stops at its cap, but the device serves whoever maps
 //     first, and a late job gets what is free. Σ MaxFraction ≤ 1 is the
@@ -77,24 +82,24 @@
 // min(c, T − U). A job that wants "half of what is free now" computes
 // MaxFraction = 0.5 × free / total from cuMemGetInfo before New.
 //
-// Every CUDA context holds device memory of its own (526 MiB on an H200,
-// sim.H200ContextBytes), which no cap counts: K processes at 1/K each
-// cannot all hold T/K at once, and the last of it is what they contend
-// for (each peaks at its cap, not all at the same moment). A job that must
-// not meet a full device sets MaxFraction so that the caps leave room for
-// the contexts and for any memory used outside the pools (cuBLAS
-// workspaces, other programs): Σ MaxFraction ≤ 1 − K·C/T with C one
-// context's memory, e.g. 1/K − 1% (on an H200, 1% is 1.4 GiB). Measured
-// with tlsf-stress multi on the H200 (the code before the full device's
-// limit, share.go, two runs one after the other): 0.49 each for K = 2 and
-// 0.24 for K = 4 made 1.67 and 1.37 driver calls per operation, against
-// 4.81 and 4.88 at 1/K. A job that asks for more than its share gets
-// ErrOutOfMemory; for 256 allocations after a failure, a request that
-// would take it above 90% of its cap fails at once, without gathering
-// free pages. FreeFloorFraction makes an idle job give unused memory back
-// to the others. Through the C ABI the cap is max_fraction in
-// TLSF_ALLOC_CONF, or torch.cuda.set_per_process_memory_fraction (which
-// sets a byte cap, MaxBytes: it declares no share, below).
+// Why the context counts: every CUDA context holds device memory of its
+// own, and caps of T/K each could not all be reached at once. One process
+// then sat at the device's limit below its cap, with less room than the
+// others between its 90% line and that limit, and moved pages for its
+// requests twice as often: on the H200 (tlsf-stress multi, K = 4), 1.2 to
+// 1.5 driver calls per operation against 0.7 to 0.9 for the others
+// (contextShareDivisor says more). Memory used outside the pools beyond a
+// context (cuBLAS workspaces, other programs) still counts against no cap:
+// a job that must never meet a full device leaves room for it, e.g.
+// MaxFraction = 1/K − 1% (1.4 GiB on an H200).
+//
+// A job that asks for more than its share gets ErrOutOfMemory; for 256
+// allocations after a failure, a request that would take it above 90% of
+// its cap fails at once, without gathering free pages. FreeFloorFraction
+// makes an idle job give unused memory back to the others. Through the C
+// ABI the cap is max_fraction in TLSF_ALLOC_CONF, or
+// torch.cuda.set_per_process_memory_fraction (which sets a byte cap,
+// MaxBytes: it counts no context and declares no share, below).
 //
 // There is nothing else to set: a capped pool maps one-page physical
 // allocations, so that its memory can move 2 MiB at a time to fit its

@@ -16,7 +16,7 @@ var (
 	// searching again and growing once more (and, with
 	// Options.OnOutOfMemory, after the hook and one more try); or, at once
 	// and releasing nothing, a request whose block exceeds the device's
-	// total memory or the cap (MaxBytes, MaxFraction × total). The message
+	// total memory or the cap (MaxBytes, Options.MaxFraction's). The message
 	// gives the request, allocated and reserved bytes, the cap, the
 	// largest block that could be allocated now (within the cap and the
 	// device's free memory; a VMM pool also names its largest free block

@@ -23,7 +23,8 @@ func (p *Pool) SetMaxBytes(n uint64) error {
 
 // Cap returns the cap on reserved memory in bytes now, 0 when there is
 // none: the smaller of MaxBytes and MaxFraction × the device's total
-// memory as cuMemGetInfo reported it at New (share.go). It makes no
+// memory as cuMemGetInfo reported it at New, less what that share leaves
+// for the process's context (Options.MaxFraction; share.go). It makes no
 // driver call, so it answers even when the driver no longer does. Safe
 // for concurrent use. Errors: ErrClosed.
 func (p *Pool) Cap() (uint64, error) {

@@ -49,7 +49,11 @@ type Pool struct {
 	// one outside the pool: its context, say) held of the device in bytes
 	// at New and at any growth since: total − free − reserved as
 	// cuMemGetInfo reported them then (setShared).
-	othersLow  uint64
+	othersLow uint64
+	// context is what a MaxFraction cap leaves of the process's share for
+	// its own CUDA context, in bytes (ownContext): the device's memory in
+	// use at New, at most total/contextShareDivisor.
+	context    uint64
 	pitchAlign uint64 // cuMemAllocPitch's pitch unit, probed on first use
 	// probe is the pitch probe's allocation (probeBytes bytes) when the
 	// driver refused to free it: still the pool's and counted as reserved,
@@ -136,6 +140,7 @@ func newPool(dev device.Device, opts Options) (*Pool, error) {
 	}
 	p.total = total
 	p.othersLow = total - min(total, free)
+	p.context = min(p.othersLow, total/contextShareDivisor)
 	if p.backend == BackendAuto {
 		p.backend = BackendChunks
 		if dev.VMMSupported() {
@@ -184,6 +189,11 @@ func newPool(dev device.Device, opts Options) (*Pool, error) {
 	if o.InitialFraction > 0 {
 		g := p.heap.granularity()
 		initial := uint64(o.InitialFraction*float64(free)) / g * g
+		if capped, limit := p.capFrom(0); capped && o.MaxFraction < 1 {
+			// InitialFraction ≤ MaxFraction, but the share's cap leaves
+			// room for the context.
+			initial = min(initial, limit/g*g)
+		}
 		if o.MaxBytes > 0 && initial > o.MaxBytes {
 			_ = p.heap.close()
 			return nil, fmt.Errorf("%w: MaxBytes %d is below the initial reserve of %d bytes", ErrBadOptions, o.MaxBytes, initial)
@@ -606,8 +616,8 @@ func (p *Pool) outOfMemory(size, align uint64, err error) (tlsf.Block, error) {
 
 // hopeless returns ErrOutOfMemory for a request that no release could
 // make room for: its block (fitSize, plus alignment padding) is larger
-// than the device's total memory, than MaxBytes, or than MaxFraction of
-// the device's total (the most that cap can ever allow). Such a request
+// than the device's total memory, than MaxBytes, or than MaxFraction's
+// cap (fractionCap: the most that cap can ever allow). Such a request
 // fails at once: flushing caches and returning memory first would cost
 // the pool its warm memory for nothing. No driver call.
 func (p *Pool) hopeless(size, align uint64) error {
@@ -626,8 +636,8 @@ func (p *Pool) hopeless(size, align uint64) error {
 		return p.oomError(size, fmt.Errorf("a block of %s exceeds the device's total memory; nothing released: %w", sizeString(r), device.ErrOutOfMemory))
 	case p.opts.MaxBytes > 0 && r > p.opts.MaxBytes:
 		why = "the cap (MaxBytes)"
-	case p.opts.MaxFraction < 1 && float64(r) > p.opts.MaxFraction*float64(p.total):
-		why = "the cap (MaxFraction of the device's total)"
+	case p.opts.MaxFraction < 1 && r > p.fractionCap():
+		why = "the cap (MaxFraction of the device's total, less the process's context)"
 	default:
 		return nil
 	}
@@ -1043,11 +1053,40 @@ func (p *Pool) capFrom(free uint64) (bool, uint64) {
 		limit, capped = p.opts.MaxBytes, true
 	}
 	if p.opts.MaxFraction < 1 {
-		// A fraction of the device's total memory (share.go, doc.go).
-		limit, capped = min(limit, uint64(p.opts.MaxFraction*float64(p.total))), true
+		limit, capped = min(limit, p.fractionCap()), true
 	}
 	return capped, limit
 }
+
+// fractionCap is MaxFraction's cap in bytes: a fraction of the device's
+// total memory, less what it leaves for the process's context
+// (contextShareDivisor; share.go, doc.go).
+func (p *Pool) fractionCap() uint64 {
+	share := uint64(p.opts.MaxFraction * float64(p.total))
+	return share - min(share/2, p.context)
+}
+
+// contextShareDivisor bounds what a MaxFraction share leaves for the
+// process's own CUDA context: the device's memory in use at New (total −
+// free: the context, and whatever the process or others had allocated),
+// at most total/256 (562 MiB on an H200, where a context holds 526 MiB:
+// sim.H200ContextBytes) and at most half the share.
+//
+// Why: MaxFraction × total for each of K processes at 1/K adds up to the
+// whole device, but each process's context holds memory no pool can have,
+// so the caps could not all be reached at once. The processes that mapped
+// first sat at their caps and one sat at the device's limit below its own,
+// with half the others' room between its 90% line (share.go) and that
+// limit: it moved pages for its requests twice as often and looked at the
+// device's free memory three times as often, at 1.2–1.5 driver calls per
+// operation against 0.7–0.9 for the others (H200, 2026-12-02, tlsf-stress
+// multi, K = 4, seeds 20 to 23: one such process in each run). With the
+// contexts counted in, the caps add up to what the device can hold.
+// Measured on the simulated H200 (contexts modelled, -g 16, K = 4, seeds
+// 13 to 20): the largest calls per operation of any process 0.55 against
+// 1.16 (none above 1 against 3 of 32), median 0.38 against 0.45, failures
+// within 90% of the share 1 against 7 (--fraction 0.2463, the same caps).
+const contextShareDivisor = 256
 
 func (p *Pool) reserved() uint64 {
 	if p.pt != nil {

@@ -2,7 +2,8 @@ package pool
 
 // Sharing a GPU: the cap, and the out-of-memory path under contention.
 //
-// The cap is MaxFraction × total (the device's total memory as
+// The cap is MaxFraction × total, less what it leaves for the process's
+// context (contextShareDivisor; total is the device's total memory as
 // cuMemGetInfo reported it at New), fixed for the pool's life: see the
 // package doc for why, and for the arithmetic with K processes.
 //

@@ -700,3 +700,93 @@ func TestARequestOnReleasedPagesTakesMappedMemoryFirst(t *testing.T) {
 	sd.Vacate(22 * miB)
 	checkStep(t, p, d)
 }
+
+// K pools at MaxFraction 1/K on a GPU whose processes' contexts hold
+// memory can all hold their caps at once, started together or one after
+// another: each cap leaves its process's context room
+// (contextShareDivisor), so the caps add up to no more than the device
+// holds beside the contexts.
+func TestFractionCapsLeaveRoomForTheContexts(t *testing.T) {
+	const capacity, ctx = 64 * giB, 200 * miB // total/256 is 256 MiB
+	const block = 64 * miB
+	for _, k := range []int{2, 4} {
+		for _, staggered := range []bool{false, true} {
+			t.Run(fmt.Sprintf("K=%d/staggered=%v", k, staggered), func(t *testing.T) {
+				first := sim.New(sim.Config{Capacity: capacity, ContextBytes: ctx})
+				devs := []*sim.Device{first}
+				for range k - 1 {
+					devs = append(devs, first.NewProcess()) // every context before any pool
+				}
+				share := uint64(capacity) / uint64(k)
+				fill := func(p *Pool) {
+					limit, err := p.Cap()
+					require.NoError(t, err)
+					for range limit / block {
+						_, err := p.Alloc(block)
+						require.NoError(t, err, "a pool below its cap")
+					}
+				}
+				var held uint64 // what the pools made before hold
+				for i, d := range devs {
+					p := openPool(t, onSim(d), Options{Backend: BackendVMM, MaxFraction: 1 / float64(k), NoScavenger: true})
+					limit, err := p.Cap()
+					require.NoError(t, err)
+					// At New the device's memory in use is the k contexts
+					// and what the pools made before hold, but at most
+					// total/256 counts.
+					require.Equal(t, share-min(uint64(k)*ctx+held, capacity/256), limit, "proc %d", i)
+					if staggered {
+						fill(p)
+						held += p.Stats().Reserved
+					}
+					defer func() {
+						if !staggered {
+							fill(p)
+						}
+						require.LessOrEqual(t, p.Stats().Reserved, limit)
+						require.NoError(t, p.Check())
+					}()
+				}
+			})
+		}
+	}
+}
+
+// What a fraction cap leaves for the context is what the device had in
+// use at New, at most total/256 and at most half the share; a request
+// above the cap but within MaxFraction × total fails at once, with no
+// driver call, and says why.
+func TestAFractionCapsContextShareIsBounded(t *testing.T) {
+	const capacity = 64 * giB
+	for _, tc := range []struct {
+		name     string
+		ctx      uint64
+		fraction float64
+		want     uint64
+	}{
+		{"no context", 0, 0.25, 16 * giB},
+		{"a context", 100 * miB, 0.25, 16*giB - 100*miB},
+		{"a context above total/256", giB, 0.25, 16*giB - 256*miB},
+		{"a share below twice the context", 200 * miB, 1.0 / 256, 128 * miB},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := onSim(sim.New(sim.Config{Capacity: capacity, ContextBytes: tc.ctx}))
+			p := openPool(t, d, Options{Backend: BackendVMM, MaxFraction: tc.fraction})
+			limit, err := p.Cap()
+			require.NoError(t, err)
+			require.Equal(t, tc.want, limit)
+			share := uint64(tc.fraction * float64(capacity))
+			if limit == share {
+				return
+			}
+			before := p.Stats()
+			_, err = p.Alloc(share - 2*miB)
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			require.Contains(t, err.Error(), "less the process's context")
+			after := p.Stats()
+			require.Equal(t, before.DeviceCalls, after.DeviceCalls, "a request above the cap asks nothing")
+			require.Equal(t, before.Reserved, after.Reserved)
+			checkStep(t, p, d)
+		})
+	}
+}

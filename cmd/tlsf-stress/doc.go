@@ -241,7 +241,8 @@
 // memory), device_calls_per_op (the pool's driver calls per operation),
 // out_of_memory_within_90pct_of_share (failed requests that would have
 // left the live bytes, counted from before the request, within 90% of
-// the share), out_of_memory_still_within_90pct_of_share (those of them
+// the share: the pool's cap, MaxFraction × total less what it leaves for
+// the process's context), out_of_memory_still_within_90pct_of_share (those of them
 // still within it when the request returned, counting the blocks and
 // requests of the process's other goroutines then: in the others another
 // goroutine's request, begun meanwhile, took the live bytes above it) and

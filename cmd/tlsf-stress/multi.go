@@ -123,8 +123,9 @@ type childResult struct {
 	// filled in by the parent (0 in a child's own line).
 	Fairness float64 `json:"fairness"`
 	// OOMWithinShare counts the out-of-memory errors of requests that
-	// would have left the live bytes within 90% of the pool's share
-	// (MaxFraction × total): a pool should serve those.
+	// would have left the live bytes within 90% of the pool's share, its
+	// cap (pool.Pool.Cap: MaxFraction × total, less what the cap leaves
+	// for the process's CUDA context): a pool should serve those.
 	OOMWithinShare int64 `json:"out_of_memory_within_90pct_of_share"`
 	// OOMStillWithin counts those of them whose live bytes were still
 	// within 90% of the share, the request included, when it returned
@@ -233,13 +234,20 @@ func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts,
 		fail("%v", err)
 		return res
 	}
+	if pa, ok := a.(poolAlloc); ok {
+		// The pool's own cap: MaxFraction × total less what it leaves for
+		// the process's context (pool.Pool.Cap).
+		if c, err := pa.Cap(); err == nil && c > 0 {
+			cfg.share = c
+		}
+	}
 	s := newStress(ctx, dev, a, cfg)
 	stop := showProgress(progress, s, &o.workloadFlags)
 	rep := s.run()
 	stop()
 	res.runResult = summarize(ds, dev, a, &o.workloadFlags, rep)
 	res.TotalBytes, res.OOMWithinShare, res.OOMStillWithin = total, rep.OOMsWithin, rep.OOMsStill
-	res.CapBytes = cfg.share // MaxFraction × total
+	res.CapBytes = cfg.share // the pool's cap, or MaxFraction × total
 	if total > 0 {
 		res.Share = float64(res.PeakReservedBytes) / float64(total)
 	}
