@@ -48,11 +48,14 @@ def main():
     expect = (c[:2, :2].cpu(), (a[:2] @ b[:, :2]).cpu())
     assert torch.allclose(*expect, rtol=1e-3, atol=1e-3), expect
 
+    held = st["allocated"]
     del a, b, c, small
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # the reset hook: tlsf_reset, a trim
     st = tlsf_torch.stats()
-    assert st["allocated"] == 0 and st["released"] > 0, st
+    # cuBLAS keeps its workspace (32 MiB on an H200) for the process's life.
+    assert st["allocated"] <= held - 3 * 4096 * 4096 * 4, st
+    assert st["reserved"] < held and st["released"] > 0, st
     assert st["device_calls_by_path"]["trim"] > 0, st
     print("smoke_gpu: ok", st)
 
