@@ -790,3 +790,19 @@ func TestAFractionCapsContextShareIsBounded(t *testing.T) {
 		})
 	}
 }
+
+// An initial reserve of InitialFraction = MaxFraction stays within the
+// cap, which leaves the context room: InitialFraction × free at New would
+// pass it by half the context.
+func TestAnInitialReserveStaysWithinAFractionCap(t *testing.T) {
+	const capacity, ctx = 64 * giB, 200 * miB
+	d := onSim(sim.New(sim.Config{Capacity: capacity, ContextBytes: ctx}))
+	p := openPool(t, d, Options{Backend: BackendVMM, MaxFraction: 0.5, InitialFraction: 0.5})
+	limit, err := p.Cap()
+	require.NoError(t, err)
+	require.Equal(t, uint64(capacity/2-ctx), limit)
+	st := p.Stats()
+	require.LessOrEqual(t, st.Reserved, limit)
+	require.Greater(t, st.Reserved, limit-2*miB, "the reserve is the cap, to the page")
+	checkStep(t, p, d)
+}
