@@ -176,8 +176,10 @@ void tlsf_record_stream(void* ptr, void* stream);
  * separated by commas, e.g. "backend:vmm,max_bytes:40GiB,caches:false".
  * Keys: backend (auto|vmm|chunks|passthrough), device (cuda|sim),
  * sim_capacity (bytes, device:sim only), initial_fraction, grow_fraction,
- * max_fraction, release_fraction, free_floor_fraction (fractions in
- * [0, 1]), max_bytes (bytes), caches (true|false), cache_max_size
+ * max_fraction (of the device's total memory, less what the share
+ * leaves for the process's context: pool.Options.MaxFraction),
+ * release_fraction, free_floor_fraction (fractions in [0, 1]), max_bytes
+ * (bytes), caches (true|false), cache_max_size
  * (bytes: the largest request the caches serve, default 4KiB, 1MiB with
  * good_fit), good_fit (true|false: TLSF's O(1) good fit instead of the
  * default best fit within the request's own list), wilderness

@@ -45,20 +45,24 @@
 // # Sharing a GPU
 //
 // MaxFraction is a fraction of the device's total memory T (cuMemGetInfo
-// at New), the process's CUDA context counted in, so a pool's cap,
-// c = MaxFraction × T − C, does not depend on what other processes hold
-// or on who started first. C is what the share leaves for the process's
-// own context: the device's memory in use at New (T − free: the contexts,
-// and whatever was allocated before), at most T/256 (562 MiB on an H200,
-// where a context holds 526 MiB, sim.H200ContextBytes) and at most half
-// the share (contextShareDivisor in pool.go). With K processes:
+// at New), the process's CUDA context counted in: a pool's cap is
+// c = MaxFraction × T − C, where C is what the share leaves for the
+// process's own context: the device's memory in use at New (T − free: the
+// contexts, and whatever was allocated before), at most T/256 (562 MiB
+// on an H200, where a context holds 526 MiB, sim.H200ContextBytes; less
+// than a context on GPUs below 128 GiB) and at most half the share
+// (contextShareDivisor in pool.go). So the cap does not depend on how much other processes
+// hold, and on who started first only by what a first process's context
+// held below the bound (36 MiB on an H200). With K processes:
 //
 //   - Started together, each with MaxFraction 1/K: the caps add up to
 //     T − ΣC, and each context holds no more than its C (where contexts
 //     hold at most T/256), so every process can reach its cap while the
 //     others hold theirs, and K identical jobs end with equal shares,
-//     T/K − C each (max share / min share = 1, to the granule). On an H200
-//     (T = 143771 MiB) and K = 2, 3, 4: about 71323, 47361, 35380 MiB each.
+//     T/K − C each (max share / min share = 1, to the page, where each
+//     found another context in use at New; else within the 36 MiB above).
+//     On an H200 (T = 143771 MiB) and K = 2, 3, 4: 71324, 47362, 35381 MiB
+//     each (T/K − T/256).
 //   - Started one after another: when job j starts, jobs 1..j−1 hold at
 //     most (j−1)·(T/K − C) beside their contexts, so at least T/K − C is
 //     free for job j beside its own, and job j reaches its cap too: the
@@ -89,9 +93,10 @@
 // requests twice as often: on the H200 (tlsf-stress multi, K = 4), 1.2 to
 // 1.5 driver calls per operation against 0.7 to 0.9 for the others
 // (contextShareDivisor says more). Memory used outside the pools beyond a
-// context (cuBLAS workspaces, other programs) still counts against no cap:
-// a job that must never meet a full device leaves room for it, e.g.
-// MaxFraction = 1/K − 1% (1.4 GiB on an H200).
+// context (cuBLAS workspaces, other programs), and a context larger than
+// the bound, still count against no cap: a job that must never meet a
+// full device leaves room for them, e.g. MaxFraction = 1/K − 1% (1.4 GiB
+// on an H200).
 //
 // A job that asks for more than its share gets ErrOutOfMemory; for 256
 // allocations after a failure, a request that would take it above 90% of

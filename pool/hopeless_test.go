@@ -99,5 +99,13 @@ func TestACapBelowTheGranularityIsRefused(t *testing.T) {
 		_, err := New(sim.New(sim.Config{Capacity: giB}), Options{Backend: be, MaxBytes: miB})
 		require.ErrorIs(t, err, ErrBadOptions, be.String())
 		require.Contains(t, err.Error(), "granularity")
+		// A fraction whose cap is below a page: 1 MiB of 1 GiB, or a
+		// 3 MiB share of which the context takes half.
+		_, err = New(sim.New(sim.Config{Capacity: giB}), Options{Backend: be, MaxFraction: 1.0 / 1024})
+		require.ErrorIs(t, err, ErrBadOptions, be.String())
+		require.Contains(t, err.Error(), "MaxFraction")
+		_, err = New(sim.New(sim.Config{Capacity: giB, ContextBytes: 200 * miB}), Options{Backend: be, MaxFraction: 3.0 / 1024})
+		require.ErrorIs(t, err, ErrBadOptions, be.String())
+		require.Contains(t, err.Error(), "granularity")
 	}
 }

@@ -51,7 +51,7 @@ type Pool struct {
 	// cuMemGetInfo reported them then (setShared).
 	othersLow uint64
 	// context is what a MaxFraction cap leaves of the process's share for
-	// its own CUDA context, in bytes (ownContext): the device's memory in
+	// its own CUDA context, in bytes (fractionCap): the device's memory in
 	// use at New, at most total/contextShareDivisor.
 	context    uint64
 	pitchAlign uint64 // cuMemAllocPitch's pitch unit, probed on first use
@@ -103,9 +103,9 @@ type counters struct {
 // virtual range of a VMM pool (cuMemAddressReserve) and, with
 // InitialFraction, the initial memory.
 //
-// Errors: ErrBadOptions (an option out of range, a nil device, a
-// MaxBytes cap below the allocation granularity or below the initial
-// reserve), device errors from the calls above.
+// Errors: ErrBadOptions (an option out of range, a nil device, a cap,
+// MaxBytes or MaxFraction's, below the allocation granularity, MaxBytes
+// below the initial reserve), device errors from the calls above.
 func New(dev device.Device, opts Options) (*Pool, error) {
 	p, err := newPool(dev, opts)
 	if err != nil {
@@ -180,6 +180,9 @@ func newPool(dev device.Device, opts Options) (*Pool, error) {
 	if g := p.heap.granularity(); o.MaxBytes > 0 && o.MaxBytes < g {
 		_ = p.heap.close()
 		return nil, fmt.Errorf("%w: MaxBytes %d is below the allocation granularity of %d bytes: no allocation could ever succeed", ErrBadOptions, o.MaxBytes, g)
+	} else if o.MaxFraction < 1 && p.fractionCap() < g {
+		_ = p.heap.close()
+		return nil, fmt.Errorf("%w: MaxFraction %v caps the pool at %d bytes (of %d in all, less what the share leaves for the process's context), below the allocation granularity of %d bytes: no allocation could ever succeed", ErrBadOptions, o.MaxFraction, p.fractionCap(), total, g)
 	}
 	p.watchHeap()
 	if err := p.setupPeers(o.PeerAccess.Ordinals()); err != nil {
@@ -189,10 +192,10 @@ func newPool(dev device.Device, opts Options) (*Pool, error) {
 	if o.InitialFraction > 0 {
 		g := p.heap.granularity()
 		initial := uint64(o.InitialFraction*float64(free)) / g * g
-		if capped, limit := p.capFrom(0); capped && o.MaxFraction < 1 {
+		if o.MaxFraction < 1 {
 			// InitialFraction ≤ MaxFraction, but the share's cap leaves
-			// room for the context.
-			initial = min(initial, limit/g*g)
+			// room for the context (MaxBytes below is an error instead).
+			initial = min(initial, p.fractionCap()/g*g)
 		}
 		if o.MaxBytes > 0 && initial > o.MaxBytes {
 			_ = p.heap.close()
@@ -1043,9 +1046,9 @@ func (p *Pool) cap() (bool, uint64, error) {
 	return capped, limit, nil
 }
 
-// capFrom computes the cap: MaxBytes and MaxFraction × the device's total
-// memory, whichever is smaller. free is unused since the cap became a
-// fraction of total memory (share.go).
+// capFrom computes the cap: the smaller of MaxBytes and MaxFraction's
+// (fractionCap). free is unused since the cap became a fraction of total
+// memory (share.go).
 func (p *Pool) capFrom(free uint64) (bool, uint64) {
 	limit := uint64(math.MaxUint64)
 	capped := false
@@ -1070,22 +1073,37 @@ func (p *Pool) fractionCap() uint64 {
 // process's own CUDA context: the device's memory in use at New (total −
 // free: the context, and whatever the process or others had allocated),
 // at most total/256 (562 MiB on an H200, where a context holds 526 MiB:
-// sim.H200ContextBytes) and at most half the share.
+// sim.H200ContextBytes) and at most half the share. A pool made when its
+// process's context was the only memory in use counts just that; one made
+// on a busy GPU, the bound: caps at the same fraction differ by what
+// their contexts held below the bound (36 MiB on an H200 between a first
+// process and later ones), never by more. A context's memory does not
+// shrink with the GPU's, so on GPUs below 128 GiB the bound is less than
+// a context (320 MiB on an 80 GB one): the caps there still add up to a
+// little more than the device holds beside the contexts (the package
+// doc's 1/K − 1% leaves room). A bound in bytes would count up to that
+// much of other processes' memory as this one's context wherever the
+// first process's context is smaller, and was not measured on such GPUs.
 //
 // Why: MaxFraction × total for each of K processes at 1/K adds up to the
 // whole device, but each process's context holds memory no pool can have,
 // so the caps could not all be reached at once. The processes that mapped
 // first sat at their caps and one sat at the device's limit below its own,
-// with half the others' room between its 90% line (share.go) and that
-// limit: it moved pages for its requests twice as often and looked at the
-// device's free memory three times as often, at 1.2–1.5 driver calls per
-// operation against 0.7–0.9 for the others (H200, 2026-12-02, tlsf-stress
-// multi, K = 4, seeds 20 to 23: one such process in each run). With the
-// contexts counted in, the caps add up to what the device can hold.
-// Measured on the simulated H200 (contexts modelled, -g 16, K = 4, seeds
-// 13 to 20): the largest calls per operation of any process 0.55 against
-// 1.16 (none above 1 against 3 of 32), median 0.38 against 0.45, failures
-// within 90% of the share 1 against 7 (--fraction 0.2463, the same caps).
+// with less than half the others' room between its 90% line (share.go)
+// and that limit: it moved pages for its requests twice as often and
+// looked at the device's free memory three times as often, at 1.2–1.5
+// driver calls per operation against 0.7–0.9 for the others (H200,
+// 2026-12-02, tlsf-stress multi, K = 4, seeds 20 to 23: one such process
+// in each run). With the contexts counted in, the caps add up to what the
+// device can hold beside them. On the H200 (seeds 24 to 27, against the
+// code before in the same run; bench/multi/h200 ctx-* and noctx-*),
+// medians [ranges] over the processes, K = 2, 3, 4: 0.53 [0.49–0.58],
+// 0.51 [0.49–0.55] and 0.49 [0.44–0.53] driver calls per operation against
+// 0.80 [0.58–0.88], 0.68 [0.56–0.96] and 0.90 [0.73–1.15], at 9% to 15%
+// more operations per second, max share / min share 1.0000. On the
+// simulated H200 (contexts modelled, -g 16, seeds 13 to 20), the largest
+// calls per operation of any process 0.50, 0.61 and 0.48 against 0.62,
+// 0.76 and 1.12. The price: each cap is 0.55 GiB lower on an H200.
 const contextShareDivisor = 256
 
 func (p *Pool) reserved() uint64 {

@@ -350,8 +350,9 @@ func (p *Pool) placeMapped(h *vmmHeap, b tlsf.Block, need uint64, alloc func() (
 }
 
 // A full device. Below its cap a pool may still find the device full:
-// other processes hold the rest (with K pools capped at 1/K each, their
-// contexts alone make the caps unreachable together: sim.H200ContextBytes).
+// other processes hold the rest (before caps counted the process's
+// context, K pools capped at 1/K each could not all reach their caps:
+// sim.H200ContextBytes; a cap set in bytes still counts none).
 // Mapping the holes under a block then asks the driver for memory it has
 // not got, and a cuMemCreate that a neighbour's release lets through one
 // moment is refused the next: on the H200, tlsf-stress multi's processes

@@ -707,7 +707,7 @@ func TestARequestOnReleasedPagesTakesMappedMemoryFirst(t *testing.T) {
 // (contextShareDivisor), so the caps add up to no more than the device
 // holds beside the contexts.
 func TestFractionCapsLeaveRoomForTheContexts(t *testing.T) {
-	const capacity, ctx = 64 * giB, 200 * miB // total/256 is 256 MiB
+	const capacity, ctx = 256 * giB, 200 * miB // total/256 is 1 GiB
 	const block = 64 * miB
 	for _, k := range []int{2, 4} {
 		for _, staggered := range []bool{false, true} {
@@ -754,40 +754,69 @@ func TestFractionCapsLeaveRoomForTheContexts(t *testing.T) {
 
 // What a fraction cap leaves for the context is what the device had in
 // use at New, at most total/256 and at most half the share; a request
-// above the cap but within MaxFraction × total fails at once, with no
-// driver call, and says why.
+// above the cap but within MaxFraction × total fails
+// at once, with no driver call, and says why.
 func TestAFractionCapsContextShareIsBounded(t *testing.T) {
-	const capacity = 64 * giB
 	for _, tc := range []struct {
-		name     string
-		ctx      uint64
-		fraction float64
-		want     uint64
+		name          string
+		capacity, ctx uint64
+		fraction      float64
+		want          uint64
 	}{
-		{"no context", 0, 0.25, 16 * giB},
-		{"a context", 100 * miB, 0.25, 16*giB - 100*miB},
-		{"a context above total/256", giB, 0.25, 16*giB - 256*miB},
-		{"a share below twice the context", 200 * miB, 1.0 / 256, 128 * miB},
+		{"no context", 64 * giB, 0, 0.25, 16 * giB},
+		{"a context", 64 * giB, 100 * miB, 0.25, 16*giB - 100*miB},
+		{"a context above total/256", 64 * giB, giB, 0.25, 16*giB - 256*miB},
+		{"a larger GPU's bound", 512 * giB, 4 * giB, 0.25, 128*giB - 2*giB},
+		{"a share below twice the context", 64 * giB, 200 * miB, 1.0 / 256, 128 * miB},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			d := onSim(sim.New(sim.Config{Capacity: capacity, ContextBytes: tc.ctx}))
-			p := openPool(t, d, Options{Backend: BackendVMM, MaxFraction: tc.fraction})
-			limit, err := p.Cap()
-			require.NoError(t, err)
-			require.Equal(t, tc.want, limit)
-			share := uint64(tc.fraction * float64(capacity))
-			if limit == share {
-				return
-			}
-			before := p.Stats()
-			_, err = p.Alloc(share - 2*miB)
-			require.ErrorIs(t, err, ErrOutOfMemory)
-			require.Contains(t, err.Error(), "less the process's context")
-			after := p.Stats()
-			require.Equal(t, before.DeviceCalls, after.DeviceCalls, "a request above the cap asks nothing")
-			require.Equal(t, before.Reserved, after.Reserved)
-			checkStep(t, p, d)
-		})
+		for _, be := range pooledBackends {
+			t.Run(tc.name+"/"+be.String(), func(t *testing.T) {
+				d := onSim(sim.New(sim.Config{Capacity: tc.capacity, ContextBytes: tc.ctx}))
+				p := openPool(t, d, Options{Backend: be, MaxFraction: tc.fraction})
+				limit, err := p.Cap()
+				require.NoError(t, err)
+				require.Equal(t, tc.want, limit)
+				share := uint64(tc.fraction * float64(tc.capacity))
+				if limit == share {
+					return
+				}
+				before := p.Stats()
+				_, err = p.Alloc(share - 2*miB)
+				require.ErrorIs(t, err, ErrOutOfMemory)
+				require.Contains(t, err.Error(), "less the process's context")
+				after := p.Stats()
+				require.Equal(t, before.DeviceCalls, after.DeviceCalls, "a request above the cap asks nothing")
+				require.Equal(t, before.Reserved, after.Reserved)
+				checkStep(t, p, d)
+			})
+		}
+	}
+}
+
+// The context counted is what was in use when the pool was made: a first
+// process's own context alone, a later one's and the others' memory up to
+// the bound. Caps at one fraction differ by what the first context held
+// below the bound, never by more.
+func TestAFractionCapCountsWhatWasInUseAtNew(t *testing.T) {
+	const capacity, ctx = 256 * giB, 300 * miB // total/256 is 1 GiB
+	first := sim.New(sim.Config{Capacity: capacity, ContextBytes: ctx})
+	a := openPool(t, onSim(first), Options{Backend: BackendVMM, MaxFraction: 0.5})
+	capA, err := a.Cap()
+	require.NoError(t, err)
+	require.Equal(t, uint64(128*giB-ctx), capA, "its own context")
+	second := first.NewProcess()
+	held, err := a.Alloc(giB) // pool a's memory is in use too when b is made
+	require.NoError(t, err)
+	b := openPool(t, onSim(second), Options{Backend: BackendVMM, MaxFraction: 0.5})
+	capB, err := b.Cap()
+	require.NoError(t, err)
+	require.Equal(t, uint64(128*giB-giB), capB, "two contexts and a's gigabyte, counted up to total/256")
+	// Both hold their caps at once.
+	require.NoError(t, a.Free(held))
+	for _, p := range []*Pool{a, b} {
+		limit, _ := p.Cap()
+		_, err := p.Alloc(limit / miB * miB)
+		require.NoError(t, err)
 	}
 }
 
@@ -805,4 +834,9 @@ func TestAnInitialReserveStaysWithinAFractionCap(t *testing.T) {
 	require.LessOrEqual(t, st.Reserved, limit)
 	require.Greater(t, st.Reserved, limit-2*miB, "the reserve is the cap, to the page")
 	checkStep(t, p, d)
+	// MaxBytes below the initial reserve is still an error, not a clamp.
+	_, err = New(sim.New(sim.Config{Capacity: capacity, ContextBytes: ctx}),
+		Options{Backend: BackendVMM, MaxFraction: 0.5, InitialFraction: 0.5, MaxBytes: giB})
+	require.ErrorIs(t, err, ErrBadOptions)
+	require.Contains(t, err.Error(), "initial reserve")
 }

@@ -25,9 +25,10 @@
 // sim_capacity --device's and --sim-capacity's, max_bytes and max_fraction
 // --cap's and multi's --fraction's; a backend's name wins over a key it
 // sets, as tlsf-vmm-goodfit's GoodFit; export makes no pool and ignores
-// it). Byte counts take the suffixes KiB, MiB, GiB, TiB (or K, M, G, T; binary). A cap written
-// with a decimal point, such as 0.5, is a fraction of the device's total
-// memory.
+// it). Byte counts take the suffixes KiB, MiB, GiB, TiB (or K, M, G, T;
+// binary). A cap written with a decimal point, such as 0.5, is a fraction
+// of the device's total memory, in bytes (MaxBytes: it counts no context,
+// unlike multi's --fraction, a MaxFraction).
 //
 // Without arguments the command replays every embedded trace with all
 // its backends on the GPU, or on the simulated device where there is

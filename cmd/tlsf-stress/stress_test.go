@@ -232,9 +232,16 @@ func TestMultiOnSimSharesCapacity(t *testing.T) {
 		for _, k := range []string{"share", "device_calls_per_op", "fairness", "total_bytes", "out_of_memory_within_90pct_of_share", "out_of_memory_still_within_90pct_of_share"} {
 			assert.Contains(t, m, k)
 		}
-		var fair float64
+		var fair, fraction, total, capBytes float64
 		fmt.Sscan(fmt.Sprint(m["fairness"]), &fair)
 		assert.GreaterOrEqual(t, fair, 1.0)
+		// The share failures are counted against is the pool's cap, which
+		// leaves the simulated contexts room.
+		fmt.Sscan(fmt.Sprint(m["max_fraction"]), &fraction)
+		fmt.Sscan(fmt.Sprint(m["total_bytes"]), &total)
+		fmt.Sscan(fmt.Sprint(m["cap_bytes"]), &capBytes)
+		assert.Less(t, capBytes, fraction*total, "the cap counts the contexts")
+		assert.Greater(t, capBytes, fraction*total/2)
 		var n int64
 		fmt.Sscan(fmt.Sprint(m["out_of_memory"]), &n)
 		ooms += n

@@ -157,8 +157,9 @@ const H200Capacity = 150754820096
 
 // H200ContextBytes is the device memory one CUDA context holds on an H200
 // (driver 580.159.04, 2026-12-01): cuMemGetInfo's total minus free is 526
-// MiB with one process, 1,574 MiB with three. With K processes each capped
-// at 1/K of the total, K of these are memory no cap accounts for.
+// MiB with one process, 1,574 MiB with three. A pool capped by
+// MaxFraction counts its process's (pool.Options.MaxFraction); one capped
+// in bytes does not.
 const H200ContextBytes = 526 << 20
 
 // simGPU is what all processes on one simulated GPU share.
