@@ -152,8 +152,11 @@ void tlsf_reset(void);
  * (torch.cuda.set_per_process_memory_fraction): caps the memory the pool of
  * `device` reserves at fraction x the device's total memory (cuMemGetInfo),
  * making the pool if need be. fraction is in [0, 1]; 0 refuses every
- * allocation that needs more memory, as in PyTorch. Memory reserved above
- * a lowered cap stays until trimmed; growth beyond the cap fails.
+ * allocation that needs more memory, as in PyTorch. The cap is in bytes
+ * and counts no context, unlike max_fraction in tlsf_configure: jobs
+ * sharing a GPU at 1/K each should use max_fraction, whose caps leave
+ * each process's CUDA context room. Memory reserved above a lowered cap
+ * stays until trimmed; growth beyond the cap fails.
  * Failure (see tlsf_last_error): a fraction out of range or NaN, a bad
  * device ordinal, a pool that cannot be made. The cap is unchanged.
  */

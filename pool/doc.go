@@ -48,29 +48,35 @@
 // at New), the process's CUDA context counted in: a pool's cap is
 // c = MaxFraction × T − C, where C is what the share leaves for the
 // process's own context: the device's memory in use at New (T − free: the
-// contexts, and whatever was allocated before), at most T/256 (562 MiB
-// on an H200, where a context holds 526 MiB, sim.H200ContextBytes; less
-// than a context on GPUs below 128 GiB) and at most half the share
-// (contextShareDivisor in pool.go). So the cap does not depend on how much other processes
-// hold, and on who started first only by what a first process's context
-// held below the bound (36 MiB on an H200). With K processes:
+// contexts, and whatever was allocated before), at most T/256 and at most
+// half the share (contextShareDivisor in pool.go). On an H200 (T = 143156
+// MiB as cuMemGetInfo reports it) T/256 is 559 MiB, and a context holds
+// 526 MiB (sim.H200ContextBytes); on GPUs below about 132 GiB T/256 is
+// less than a context. So the cap does not depend on how much other
+// processes hold, and on who started first only by what a first
+// process's context held below the bound (33 MiB on an H200). With K
+// processes, on a GPU whose contexts hold at most T/256 each:
 //
 //   - Started together, each with MaxFraction 1/K: the caps add up to
-//     T − ΣC, and each context holds no more than its C (where contexts
-//     hold at most T/256), so every process can reach its cap while the
-//     others hold theirs, and K identical jobs end with equal shares,
-//     T/K − C each (max share / min share = 1, to the page, where each
-//     found another context in use at New; else within the 36 MiB above).
-//     On an H200 (T = 143771 MiB) and K = 2, 3, 4: 71324, 47362, 35381 MiB
-//     each (T/K − T/256).
+//     T − ΣC, and each context holds no more than its C, so every process
+//     can reach its cap while the others hold theirs, and K identical
+//     jobs end with equal shares, T/K − C each (max share / min share =
+//     1, to the page, where each found another context in use at New;
+//     else within the 33 MiB above). On an H200 and K = 2, 3, 4: 71019,
+//     47159, 35230 MiB each (T/K − T/256; the caps tlsf-stress multi
+//     reported there).
 //   - Started one after another: when job j starts, jobs 1..j−1 hold at
 //     most (j−1)·(T/K − C) beside their contexts, so at least T/K − C is
 //     free for job j beside its own, and job j reaches its cap too: the
-//     order changes nothing.
+//     order changes the caps by the 33 MiB above at most.
 //   - Fractions adding up to more than 1 promise more than there is: each
 //     pool still stops at its cap, but the device serves whoever maps
 //     first, and a late job gets what is free. Σ MaxFraction ≤ 1 is the
 //     condition for predictable shares.
+//
+// On a GPU whose contexts hold more than T/256, the caps at 1/K add up to
+// a little more than the device holds beside the contexts: MaxFraction =
+// 1/K − 1% leaves the room (below).
 //
 // The rule it replaces, a fraction of what is available at each decision
 // (free plus the pool's own), makes the cap a race: with two jobs at 1/2,
@@ -87,12 +93,12 @@
 // MaxFraction = 0.5 × free / total from cuMemGetInfo before New.
 //
 // Why the context counts: every CUDA context holds device memory of its
-// own, and caps of T/K each could not all be reached at once. One process
-// then sat at the device's limit below its cap, with less room than the
-// others between its 90% line and that limit, and moved pages for its
-// requests twice as often: on the H200 (tlsf-stress multi, K = 4), 1.2 to
-// 1.5 driver calls per operation against 0.7 to 0.9 for the others
-// (contextShareDivisor says more). Memory used outside the pools beyond a
+// own, and caps of T/K each could not all be held at once. The device ran
+// out for one process before its cap, leaving it less room than the
+// others above its 90% line, and it moved pages for its requests more
+// often: on the H200 (tlsf-stress multi, K = 4), 1.2 to 1.5 driver calls
+// per operation against 0.7 to 0.9 for the others (contextShareDivisor
+// says more). Memory used outside the pools beyond a
 // context (cuBLAS workspaces, other programs), and a context larger than
 // the bound, still count against no cap: a job that must never meet a
 // full device leaves room for them, e.g. MaxFraction = 1/K − 1% (1.4 GiB

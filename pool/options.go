@@ -81,14 +81,17 @@ type Options struct {
 	// MaxFraction caps reserved memory at MaxFraction × the device's
 	// total memory (cuMemGetInfo at New) less what that share leaves for
 	// the process's CUDA context (the device's memory in use at New, at
-	// most total/256 and half the share), whatever other processes hold,
-	// so K pools with 1/K each get equal shares in any start order and
-	// can all hold them at once (see the package doc, "Sharing a GPU"). At most 0.5 also declares the device
-	// shared: a VMM pool then grows in handles of up to a 2048th of its
-	// cap (from a cap of 8 GiB) rather than one page each (fewer driver
-	// calls when jobs share the GPU; alone, a smallest feasible cap up to
-	// 0.6% higher). MaxBytes declares nothing. Default 1: no cap beyond
-	// the device.
+	// most total/256 and half the share), whatever other processes hold:
+	// K pools with 1/K each get equal shares in any start order (to within
+	// what a first process's context held below total/256), and on a GPU
+	// whose contexts hold at most total/256 each (about 132 GiB and more,
+	// such as an H200) they can all hold them at once (see the package
+	// doc, "Sharing a GPU"). At most 0.5 also declares the device shared:
+	// a VMM pool then grows in handles of up to a 2048th of its cap (from
+	// a cap of 8 GiB) rather than one page each (fewer driver calls when
+	// jobs share the GPU; alone, a smallest feasible cap up to 0.6%
+	// higher). MaxBytes counts no context and declares nothing. Default 1:
+	// no cap beyond the device.
 	MaxFraction float64
 	// MaxBytes caps reserved memory in bytes (default 0: no cap). With
 	// MaxFraction, the smaller cap applies. The cap is checked after the

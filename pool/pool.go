@@ -103,9 +103,10 @@ type counters struct {
 // virtual range of a VMM pool (cuMemAddressReserve) and, with
 // InitialFraction, the initial memory.
 //
-// Errors: ErrBadOptions (an option out of range, a nil device, a cap,
-// MaxBytes or MaxFraction's, below the allocation granularity, MaxBytes
-// below the initial reserve), device errors from the calls above.
+// Errors: ErrBadOptions (an option out of range, a nil device, a pooled
+// backend's cap, MaxBytes or MaxFraction's, below the allocation
+// granularity, MaxBytes below the initial reserve), device errors from
+// the calls above.
 func New(dev device.Device, opts Options) (*Pool, error) {
 	p, err := newPool(dev, opts)
 	if err != nil {
@@ -182,7 +183,8 @@ func newPool(dev device.Device, opts Options) (*Pool, error) {
 		return nil, fmt.Errorf("%w: MaxBytes %d is below the allocation granularity of %d bytes: no allocation could ever succeed", ErrBadOptions, o.MaxBytes, g)
 	} else if o.MaxFraction < 1 && p.fractionCap() < g {
 		_ = p.heap.close()
-		return nil, fmt.Errorf("%w: MaxFraction %v caps the pool at %d bytes (of %d in all, less what the share leaves for the process's context), below the allocation granularity of %d bytes: no allocation could ever succeed", ErrBadOptions, o.MaxFraction, p.fractionCap(), total, g)
+		share := uint64(o.MaxFraction * float64(total))
+		return nil, fmt.Errorf("%w: MaxFraction %v caps the pool at %d bytes (%d of the device's %d, less %d for the process's context), below the allocation granularity of %d bytes: no allocation could ever succeed", ErrBadOptions, o.MaxFraction, p.fractionCap(), share, total, share-p.fractionCap(), g)
 	}
 	p.watchHeap()
 	if err := p.setupPeers(o.PeerAccess.Ordinals()); err != nil {
@@ -1072,38 +1074,39 @@ func (p *Pool) fractionCap() uint64 {
 // contextShareDivisor bounds what a MaxFraction share leaves for the
 // process's own CUDA context: the device's memory in use at New (total −
 // free: the context, and whatever the process or others had allocated),
-// at most total/256 (562 MiB on an H200, where a context holds 526 MiB:
+// at most total/256 (559 MiB on an H200, where a context holds 526 MiB:
 // sim.H200ContextBytes) and at most half the share. A pool made when its
 // process's context was the only memory in use counts just that; one made
 // on a busy GPU, the bound: caps at the same fraction differ by what
-// their contexts held below the bound (36 MiB on an H200 between a first
+// their contexts held below the bound (33 MiB on an H200 between a first
 // process and later ones), never by more. A context's memory does not
-// shrink with the GPU's, so on GPUs below 128 GiB the bound is less than
-// a context (320 MiB on an 80 GB one): the caps there still add up to a
-// little more than the device holds beside the contexts (the package
-// doc's 1/K − 1% leaves room). A bound in bytes would count up to that
-// much of other processes' memory as this one's context wherever the
+// shrink with the GPU's, so on GPUs below about 132 GiB the bound is less
+// than a context (320 MiB on an 80 GB one): the caps there still add up
+// to a little more than the device holds beside the contexts (the
+// package doc's 1/K − 1% leaves room). A bound in bytes would count up to
+// that much of other processes' memory as this one's context wherever the
 // first process's context is smaller, and was not measured on such GPUs.
 //
 // Why: MaxFraction × total for each of K processes at 1/K adds up to the
 // whole device, but each process's context holds memory no pool can have,
-// so the caps could not all be reached at once. The processes that mapped
-// first sat at their caps and one sat at the device's limit below its own,
-// with less than half the others' room between its 90% line (share.go)
-// and that limit: it moved pages for its requests twice as often and
-// looked at the device's free memory three times as often, at 1.2–1.5
-// driver calls per operation against 0.7–0.9 for the others (H200,
-// 2026-12-02, tlsf-stress multi, K = 4, seeds 20 to 23: one such process
-// in each run). With the contexts counted in, the caps add up to what the
-// device can hold beside them. On the H200 (seeds 24 to 27, against the
-// code before in the same run; bench/multi/h200 ctx-* and noctx-*),
+// so the caps could not all be held at once. All the processes peaked at
+// their caps, at different moments; in each run the device ran out first
+// for one of them, below its cap, leaving it less room than the others
+// above its 90% line (share.go), and it made 1.4 to 1.7 times their
+// cuMemMap calls per operation and 2.0 to 3.2 times their cuMemGetInfo:
+// 1.2–1.5 driver calls per operation against 0.7–0.9 (H200, 2026-12-02,
+// tlsf-stress multi, K = 4, seeds 20 to 23, bench/multi/h200 head-*; one
+// such process in each run). With the contexts counted in, the caps add
+// up to what the device can hold beside them. On the H200 (seeds 24 to
+// 27, against the code before in the same run; ctx-* and noctx-*),
 // medians [ranges] over the processes, K = 2, 3, 4: 0.53 [0.49–0.58],
 // 0.51 [0.49–0.55] and 0.49 [0.44–0.53] driver calls per operation against
 // 0.80 [0.58–0.88], 0.68 [0.56–0.96] and 0.90 [0.73–1.15], at 9% to 15%
 // more operations per second, max share / min share 1.0000. On the
-// simulated H200 (contexts modelled, -g 16, seeds 13 to 20), the largest
-// calls per operation of any process 0.50, 0.61 and 0.48 against 0.62,
-// 0.76 and 1.12. The price: each cap is 0.55 GiB lower on an H200.
+// simulated H200 (contexts modelled, tlsf-stress multi --device sim -g 16,
+// seeds 13 to 20), the largest calls per operation of any process 0.50,
+// 0.61 and 0.48 against 0.62, 0.76 and 1.12 (a rerun: 0.48, 0.50, 0.47).
+// The price: each cap is 0.55 GiB lower on an H200.
 const contextShareDivisor = 256
 
 func (p *Pool) reserved() uint64 {

@@ -58,7 +58,8 @@ func newMultiCmd(g *globalFlags) *cobra.Command {
 		Use:   "multi [--procs K] [flags]",
 		Short: "K processes share one GPU, each pool capped by a fraction; oversubscribed, they must fail cleanly",
 		Long: `Run K processes on one GPU, each with a pool whose reserved memory is capped at
---fraction (default 1/K) of the device's total memory, each running the
+--fraction (default 1/K) of the device's total memory (pool.Options.MaxFraction,
+less what that share leaves for the process's CUDA context), each running the
 stress workload of 'run' with a live-byte target of --oversubscribe times its
 share of the device (block sizes log-uniform between 1/4096 and 1/16 of that
 target unless --sizes names a trace). Together they ask for more memory than
@@ -277,9 +278,8 @@ func runMulti(cmd *cobra.Command, g *globalFlags, o *multiOpts) error {
 		fmt.Fprintln(errw, "tlsf-stress:", ds.note)
 	}
 	// Each simulated process's context holds device memory, as a CUDA
-	// context does (K pools capped at 1/K each then cannot all reach
-	// their caps, as on a real GPU): an H200's, in proportion to the
-	// simulated capacity.
+	// context does (which a MaxFraction cap leaves room for, as on a real
+	// GPU): an H200's, in proportion to the simulated capacity.
 	ds.sd.ContextBytes = sim.H200ContextBytes
 	if c := ds.sd.Capacity; c > 0 {
 		ds.sd.ContextBytes = uint64(float64(sim.H200ContextBytes) * float64(c) / float64(sim.H200Capacity))
