@@ -301,23 +301,32 @@ func (p *Pool) lockedAlloc(size uint64, s device.Stream, cached bool) (uintptr, 
 }
 
 // allocFast is allocLocked's common case in one call, under the pool's
-// lock: a request of a single-stream pool on its stream, placed by best
-// fit (tlsf.Index.AllocFit) in a heap with no released pages (no hole can
-// lie under the block), that the index serves without growing. It
+// lock: a request of a single-stream pool on its stream, placed as place
+// places it (best fit, or good fit with Options.GoodFit), in a heap with
+// no released pages (no hole can lie under the block), that the index
+// serves without growing. It
 // reports false, leaving the pool unchanged, for everything else, which
 // allocLocked then serves. It saves the calls through allocLocked,
 // search, place and the heap's interface: with freeOn taking the lock
 // itself and the caches' filter at 64 KiB (smallGranuleLog2), warm
-// replays on the simulated H200 went from 46.9, 52.5 and 43.0 to 42.7,
-// 50.4 and 41.3 ns per operation on lstm, resnet50 and tdnn (2-core AMD
-// EPYC VM, 2026-12-02; the medians of twelve runs of 200 replays each,
-// alternating with the code before).
+// replays on the simulated H200 went from 47.1, 53.7 and 44.3 to 43.4,
+// 51.2 and 42.5 ns per operation on lstm, resnet50 and tdnn, and with
+// GoodFit from 39.9, 48.6 and 40.4 to 34.5, 47.0 and 39.0
+// (BenchmarkPoolReplay's minimum per replay, medians of ten runs
+// alternating with the code before, pinned to one core of a 2-core AMD
+// EPYC VM, 2026-12-02).
 func (p *Pool) allocFast(size uint64, s device.Stream) (uintptr, bool) {
 	st := p.ss.first
-	if p.closed || size-1 >= p.fastMax || st == nil || st.s != s || p.ss.multi || p.opts.GoodFit || (p.vmm != nil && p.vmm.holes != 0) {
+	if p.closed || size-1 >= p.fastMax || st == nil || st.s != s || p.ss.multi || (p.vmm != nil && p.vmm.holes != 0) {
 		return 0, false
 	}
-	b, err := p.x.AllocFit(size)
+	var b tlsf.Block
+	var err error
+	if p.opts.GoodFit { // as place
+		b, err = p.x.Alloc(size)
+	} else {
+		b, err = p.x.AllocFit(size)
+	}
 	if err != nil {
 		return 0, false // ErrNoSpace: allocLocked's search fails too, and grows
 	}
