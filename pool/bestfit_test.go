@@ -62,7 +62,9 @@ func TestGoodFitBlocksKeepTheirSizeClass(t *testing.T) {
 		d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
 		p := openPool(t, d, Options{Backend: be, GoodFit: true})
 		require.Equal(t, uint64(1<<20), p.opts.Cache.MaxSize, "good fit's caches serve blocks of 1 MiB and less")
-		for _, size := range []uint64{5*miB + 1000, 300 << 10, 1000} {
+		// 5 MiB + 1000 twice: the first grows the heap (the slow path),
+		// the second is served from the index (allocFast's).
+		for _, size := range []uint64{5*miB + 1000, 5*miB + 1000, 2*miB + 1, 300 << 10, 1000} {
 			before := p.Stats().Allocated
 			ptr, err := p.Alloc(size)
 			require.NoError(t, err)

@@ -100,14 +100,16 @@ const (
 	// hundred of another P's allocations.
 	idleScanEvery = 16
 	// smallGranuleLog2: the small-block filter (cacheSet.small) has a bit
-	// per 64 KiB of a VMM pool's virtual range, so that a large block that
-	// starts near a refill's blocks is taken for a cached one less often
-	// than with a bit per 2 MiB page: on lstm (simulated H200, three
-	// replays) 6% of frees probe a P's table in vain, against 19%. A
-	// range of more than 2^smallFilterLog2 granules (512 GiB) gets larger
-	// ones, up to a page, so that the filter stays within 1 MiB of
-	// address space, most of it never touched (an H200's 280 GiB range:
-	// 560 KiB).
+	// per 64 KiB of a VMM pool's virtual range (per page where pages are
+	// smaller), so that a large block that starts near a refill's blocks
+	// is taken for a cached one less often than with a bit per 2 MiB
+	// page: on lstm (simulated H200, three replays) 6% of frees probe a
+	// P's table in vain, against 19%. A range of more than
+	// 2^smallFilterLog2 granules (512 GiB of 64 KiB) gets larger ones, but
+	// never larger than a page, so that the filter has at most 2^23 bits
+	// (1 MiB of address space, most of it never touched; an H200's 280 GiB
+	// range: 560 KiB) where pages allow: 2 MiB pages keep ranges up to
+	// 16 TiB within it (tlsf.MaxSize: 16 MiB, as with a bit per page).
 	smallGranuleLog2 = 16
 	smallFilterLog2  = 23
 )
@@ -196,14 +198,15 @@ type cacheSet struct {
 	share    atomic.Uint64 // bytes a P's stacks may hold
 
 	// small is a VMM pool's filter of granules (64 KiB: smallGranuleLog2)
-	// that ever held a block given to a cache: bit i of word i/64 for
+	// in which a block given to a cache ever started: bit i of word i/64 for
 	// granule i of the range from smallBase, smallShift = log2(granule
 	// size). A free of a pointer whose granule has no bit set skips the
 	// probe of its P's table (a large block, or a foreign pointer) and
 	// takes the lock at once. Bits are set under the pool's lock before a
-	// block reaches a cache and are never cleared: a granule that once
-	// held a cached block costs frees in it the probe. nil for a chunk
-	// pool (always probe).
+	// block reaches a cache and are never cleared: a granule in which a
+	// cached block once started costs frees of blocks starting in it the
+	// probe. Check verifies that every cached block's bit is set. nil for
+	// a chunk pool (always probe).
 	small      []atomic.Uint64
 	smallBase  uint64
 	smallShift uint
@@ -256,19 +259,17 @@ func newCacheSet(p *Pool, o CacheOptions) *cacheSet {
 	return c
 }
 
-// markSmall sets the filter bits of the granules block b touches. Pool
+// markSmall sets the filter bit of the granule block b starts in: a free
+// names a block by its start, so only that granule is asked about. Pool
 // lock held.
 func (c *cacheSet) markSmall(b tlsf.Block) {
 	if c.small == nil {
 		return
 	}
-	first := (b.Addr - c.smallBase) >> c.smallShift
-	last := (b.Addr + b.Size - 1 - c.smallBase) >> c.smallShift
-	for pg := first; pg <= last; pg++ {
-		w := &c.small[pg/64]
-		if bit := uint64(1) << (pg % 64); w.Load()&bit == 0 {
-			w.Or(bit)
-		}
+	g := (b.Addr - c.smallBase) >> c.smallShift
+	w := &c.small[g/64]
+	if bit := uint64(1) << (g % 64); w.Load()&bit == 0 {
+		w.Or(bit)
 	}
 }
 
@@ -827,6 +828,8 @@ func (c *cacheSet) check() error {
 			bad = fmt.Errorf("pool: block %#x in cache %d records owner %d", addr, owner, c.p.meta[b.ID].owner)
 		case seen[addr]:
 			bad = fmt.Errorf("pool: block %#x held twice by caches", addr)
+		case !c.maybeCached(uintptr(addr)):
+			bad = fmt.Errorf("pool: cached block %#x is missing from the small-block filter", addr)
 		}
 		seen[addr] = true
 		bytes += size
