@@ -187,8 +187,8 @@ type Options struct {
 	// (expandable segments 10.70 and 24.42), at the same step time;
 	// tlsf-stress multi on the H200 made 1.56, 1.40 and 1.88 driver
 	// calls per operation at K = 2, 3, 4 against 1.90, 1.71 and 2.38.
-	// The cost is the replays' CPU time: 43, 51 and 43 ns per
-	// operation warm against 35, 47 and 39 on a 2-core VM
+	// The cost is the replays' CPU time: 44, 51 and 43 ns per
+	// operation warm against 34, 46 and 40 on a 2-core VM
 	// (BenchmarkPoolReplay's vmm and vmm-goodfit-c1m, pinned to one core,
 	// medians of ten).
 	GoodFit bool

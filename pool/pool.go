@@ -310,9 +310,9 @@ func (p *Pool) lockedAlloc(size uint64, s device.Stream, cached bool) (uintptr, 
 // allocLocked then serves. It saves the calls through allocLocked,
 // search, place and the heap's interface: with freeOn taking the lock
 // itself and the caches' filter at 64 KiB (smallGranuleLog2), warm
-// replays on the simulated H200 went from 47.1, 53.7 and 44.3 to 43.4,
-// 51.2 and 42.5 ns per operation on lstm, resnet50 and tdnn, and with
-// GoodFit from 39.9, 48.6 and 40.4 to 34.5, 47.0 and 39.0
+// replays on the simulated H200 went from 46.8, 52.6 and 43.9 to 43.7,
+// 51.1 and 42.6 ns per operation on lstm, resnet50 and tdnn, and with
+// GoodFit from 35.0, 47.5 and 40.4 to 34.4, 46.4 and 39.6
 // (BenchmarkPoolReplay's minimum per replay, medians of ten runs
 // alternating with the code before, pinned to one core of a 2-core AMD
 // EPYC VM, 2026-12-02).
