@@ -352,16 +352,33 @@ func (c *cacheSet) free(ptr uintptr) bool {
 	pc.stackBlocks++
 	pc.frees++
 	over := pc.stackBytes > c.share.Load()
+	last := pc.liveBlocks == 0 && c.p.mayEmpty.Load() // perhaps the pool's last live block
 	pc.unlock()
 	procUnpin()
-	if over {
+	if over || last {
 		c.p.mu.Lock()
-		if !c.p.closed {
+		if !c.p.closed && over {
 			c.shed(pid)
+		}
+		if last {
+			c.p.startOver()
 		}
 		c.p.mu.Unlock()
 	}
 	return true
+}
+
+// handedOutBlocks returns the number of blocks the caches handed out that
+// are live. Pool lock held.
+func (c *cacheSet) handedOutBlocks() int64 {
+	var n int64
+	for i := range c.ps {
+		pc := &c.ps[i]
+		pc.lockWait()
+		n += pc.liveBlocks
+		pc.unlock()
+	}
+	return n
 }
 
 // refillLocked serves a request of size bytes that the current P's cache

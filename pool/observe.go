@@ -134,8 +134,9 @@ func (h *vmmHeap) largestAllocatable(k uint64) uint64 {
 	top := h.base + h.vsize
 	scan := func(a, end uint64) {
 		first, last := (a-h.base)/h.gran, (end-h.base+h.gran-1)/h.gran
+		standbyEnd := (h.end-h.base)/h.gran + h.standby
 		unbacked := func(pg uint64) bool {
-			return pg >= uint64(len(h.mapped)) || h.pageAddr(pg) >= h.end || !h.mapped[pg] || h.stray[pg]
+			return pg >= standbyEnd || !h.mapped[pg] || h.stray[pg]
 		}
 		var holes uint64
 		i := first
@@ -211,7 +212,7 @@ func (p *Pool) Size(ptr uintptr) (uint64, error) {
 	}
 	b, err := p.x.Lookup(uint64(ptr))
 	if err != nil {
-		return 0, translate(err)
+		return 0, p.translate(uint64(ptr), err)
 	}
 	switch m := p.meta[b.ID]; {
 	case m.state == stateLive:

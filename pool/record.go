@@ -59,7 +59,7 @@ func (p *Pool) RecordStream(ptr uintptr, s device.Stream) error {
 	}
 	b, err := p.x.Lookup(uint64(ptr))
 	if err != nil {
-		return translate(err)
+		return p.translate(uint64(ptr), err)
 	}
 	switch p.meta[b.ID].state {
 	case stateLive:

@@ -215,6 +215,7 @@ func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
 // operations, 8.2–8.9 calls per operation for K = 2 and 4.2–4.6 for K = 4
 // (9.7–10.4 and 5.2–5.9). Smallest feasible caps are unchanged.
 func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
+	h.extend(h.standby)
 	if err := h.unmapStrays(); err != nil {
 		return 0, err
 	}

@@ -135,7 +135,7 @@ func (p *Pool) Snapshot() (*Snapshot, error) {
 	// The segments, in address order.
 	var segs [][2]uint64
 	if h, ok := p.heap.(*vmmHeap); ok {
-		n := (h.end - h.base) / h.gran
+		n := (h.end-h.base)/h.gran + h.standby
 		for pg := uint64(0); pg < n; {
 			if !h.mapped[pg] || h.stray[pg] {
 				pg++
@@ -182,6 +182,19 @@ func (p *Pool) Snapshot() (*Snapshot, error) {
 		}
 		return true
 	})
+	if h, ok := p.heap.(*vmmHeap); ok && h.standby > 0 {
+		// Standby pages: free memory above the index's region, shown as
+		// the free top they become (the segment holding them ends there).
+		if k := len(s.Segments) - 1; k >= 0 {
+			sg := &s.Segments[k]
+			size := h.standby * h.gran
+			if n := len(sg.Blocks); n > 0 && sg.Blocks[n-1].State == BlockFree && sg.Blocks[n-1].Addr+sg.Blocks[n-1].Size == h.end {
+				sg.Blocks[n-1].Size += size
+			} else {
+				sg.Blocks = append(sg.Blocks, SnapshotBlock{Addr: h.end, Size: size, State: BlockFree})
+			}
+		}
+	}
 	return s, nil
 }
 

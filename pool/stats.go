@@ -44,7 +44,9 @@ type Stats struct {
 	PendingBlocks int64
 
 	// IndexFree is the free bytes in the index; for a VMM pool it
-	// includes address space whose pages were released. LargestFree is
+	// includes address space whose pages were released, and the pages
+	// kept mapped on standby since the pool last started over (every
+	// block freed: Pool.startOver), which the next growths take back. LargestFree is
 	// the largest request in bytes that Alloc serves from the index's free
 	// space without growing (tlsf.Index.LargestFit: the largest free
 	// block; with Options.GoodFit, tlsf.Index.LargestAlloc: that block
@@ -139,9 +141,16 @@ func (p *Pool) statsLocked() Stats {
 	if p.pt == nil {
 		st := p.x.Stats()
 		s.IndexFree, s.LargestFree, s.FreeBlocks = st.Free, p.largestFree(), st.FreeBlocks
+		if h := p.vmm; h != nil && h.standby > 0 {
+			// Standby pages count as the free top they become.
+			s.IndexFree += h.standby * h.gran
+			if _, ok := h.freeTop(); !ok {
+				s.FreeBlocks++
+			}
+		}
 		s.TopKept = p.x.Wilderness()
-		if st.Free > 0 {
-			s.Fragmentation = 1 - float64(s.LargestFree)/float64(st.Free)
+		if s.IndexFree > 0 {
+			s.Fragmentation = 1 - float64(s.LargestFree)/float64(s.IndexFree)
 		}
 	}
 	return s
@@ -282,10 +291,28 @@ func (p *Pool) ResetPeaks() {
 // GoodFit that block rounded down to a size-class boundary. Pool lock
 // held.
 func (p *Pool) largestFree() uint64 {
+	largest := p.x.LargestFit()
 	if p.opts.GoodFit {
-		return p.x.LargestAlloc()
+		largest = p.x.LargestAlloc()
 	}
-	return p.x.LargestFit()
+	h := p.vmm
+	if h == nil || h.standby == 0 {
+		return largest
+	}
+	// A request the free top and the standby pages above it hold takes
+	// them with no new memory (Pool.takeStandby); good fit rounds it up to
+	// a size class, so it may be as large as the class boundary below.
+	top := h.standby * h.gran
+	if last, ok := h.freeTop(); ok {
+		top += last.Size
+	}
+	if p.opts.GoodFit {
+		cl := p.x.Classes()
+		if class, r := cl.SizeClass(top); r > top && class > 0 {
+			top = cl.Size(class - 1)
+		}
+	}
+	return max(largest, top)
 }
 
 // checkPaths: between requests no path is left set (a slow path that

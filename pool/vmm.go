@@ -94,6 +94,13 @@ type vmmHeap struct {
 	unmapWork uint64
 	nMapped   uint64 // pages mapped
 	holes     uint64 // unmapped pages below end
+	// standby pages, [end, end + standby pages), are mapped above the
+	// index's region after the heap started over (startOver): reserved,
+	// not in the index, taken back by the next growths (extend) with no
+	// driver call. Every path but a growth that looks at free pages
+	// (release, recycle) takes them back first, so that only growAndSearch,
+	// Stats and the checks see them apart.
+	standby uint64
 	// orphans are physical allocations unmapped or never mapped whose
 	// cuMemRelease failed: still the pool's, counted as reserved, and
 	// released again at the next release or Close.
@@ -248,9 +255,50 @@ func (h *vmmHeap) need(size uint64) uint64 {
 	return roundUp(size-tail, h.gran)
 }
 
+// startOver empties the index of a heap that holds no block at all (the
+// index's region one free block, no page released or stray) and lowers
+// end to base, keeping every page mapped, on standby, for the growths
+// that follow (extend): the heap then fills from the bottom as a new
+// one would, with no driver call. It reports whether it did.
+func (h *vmmHeap) startOver() bool {
+	if h.end == h.base || h.holes != 0 || h.nStray != 0 || h.x.FreeBytes() != h.end-h.base {
+		return false
+	}
+	if err := h.x.RemoveRegion(h.base); err != nil {
+		return false // not reached: the region is one free block
+	}
+	h.standby += (h.end - h.base) / h.gran
+	h.end = h.base
+	return true
+}
+
+// extend moves up to k standby pages into the index's region (the free
+// top of the heap grows by them) and returns the pages moved.
+func (h *vmmHeap) extend(k uint64) uint64 {
+	k = min(k, h.standby)
+	if k == 0 {
+		return 0
+	}
+	added := k * h.gran
+	var err error
+	if h.end == h.base {
+		err = h.x.AddRegion(h.base, added)
+	} else {
+		err = h.x.GrowRegion(h.base, added)
+	}
+	if err != nil { // not reached: the range is ours alone, and mapped
+		return 0
+	}
+	h.end += added
+	h.standby -= k
+	return k
+}
+
 // grow maps up to want bytes of new pages at end (at least need), grants
-// access, and extends the index's region.
+// access, and extends the index's region. Standby pages, which a growth
+// takes first (Pool.growAndSearch), are taken back before it maps.
 func (h *vmmHeap) grow(need, want uint64) error {
+	h.extend(h.standby)
 	room := h.base + h.vsize - h.end
 	if need > h.vsize {
 		return fmt.Errorf("%w: %d bytes exceed the virtual range of %d bytes", ErrTooLarge, need, h.vsize)
@@ -704,6 +752,7 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 // the next mapping instead, as unmap says, and reports the bytes so
 // moved.
 func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
+	h.extend(h.standby)
 	if err := h.unmapStrays(); err != nil {
 		return 0, err
 	}
@@ -851,11 +900,16 @@ func (h *vmmHeap) close() error {
 }
 
 // check verifies the page accounting: mapped pages counted, holes below
-// end counted, nothing mapped at or above end, and every allocated block
-// of the index backed.
+// end counted, standby pages mapped, nothing mapped above them, and every
+// allocated block of the index backed.
 func (h *vmmHeap) check() error {
 	var mapped, holes, strays uint64
 	top := (h.end - h.base) / h.gran
+	for p := top; p < top+h.standby; p++ {
+		if p >= uint64(len(h.mapped)) || !h.mapped[p] || h.stray[p] {
+			return fmt.Errorf("pool: standby page %d not mapped", p)
+		}
+	}
 	for p, m := range h.mapped {
 		if h.stray[p] {
 			strays++
@@ -865,7 +919,7 @@ func (h *vmmHeap) check() error {
 		}
 		if m {
 			mapped++
-			if uint64(p) >= top && !h.stray[p] {
+			if uint64(p) >= top+h.standby && !h.stray[p] {
 				return fmt.Errorf("pool: page %d mapped above the heap's end", p)
 			}
 		}
