@@ -33,11 +33,12 @@ func newSimPool(tb testing.TB, o pool.Options) *pool.Pool {
 //   - reserved/live: peak reserved over peak live bytes, no cap, cold;
 //   - warm-reserved/live: the same over the cold replay and the warm ones
 //     after it on the timed pool: the figure the peers report (their
-//     loops replay 10 times), and tlsf-stress replay's. It is above the
-//     cold one on traces whose second replay, starting on a heap that is
-//     one free block up to the first replay's peak instead of an empty
-//     one, splits blocks the first replay's growths kept whole (lstm
-//     1.032 cold, 1.062 warm on the simulated H200);
+//     loops replay 10 times), and tlsf-stress replay's. A VMM pool whose
+//     every block is freed between replays starts over (Pool.startOver),
+//     so its warm replays place blocks as the cold one did and the two
+//     figures agree; before it did, a warm replay started on one free
+//     block as large as the first replay's peak (lstm 1.032 cold, 1.062
+//     warm on the simulated H200);
 //   - mincap/live: the smallest MaxBytes under which the replay has no
 //     failed allocation (bisection to 2 MiB), over peak live;
 //   - ns/traceop and min-ns/traceop: the median and the minimum over the
