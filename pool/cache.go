@@ -356,6 +356,9 @@ func (c *cacheSet) free(ptr uintptr) bool {
 	pc.unlock()
 	procUnpin()
 	if over || last {
+		if last && testHookLastFree != nil {
+			testHookLastFree()
+		}
 		c.p.mu.Lock()
 		if !c.p.closed && over {
 			c.shed(pid)
@@ -377,9 +380,21 @@ func (c *cacheSet) handedOutBlocks() int64 {
 		pc.lockWait()
 		n += pc.liveBlocks
 		pc.unlock()
+		if testHookScannedP != nil {
+			testHookScannedP(i)
+		}
 	}
 	return n
 }
+
+// Test hooks, nil outside tests: testHookScannedP runs in handedOutBlocks
+// after P i's cache was scanned (its lock released); testHookLastFree in
+// cacheSet.free when a P's last handed-out block came back, before it
+// takes the pool's lock. Both paths are rare.
+var (
+	testHookScannedP func(i int)
+	testHookLastFree func()
+)
 
 // refillLocked serves a request of size bytes that the current P's cache
 // could not: it allocates a batch of blocks of its class from the index

@@ -855,8 +855,15 @@ func (p *Pool) startOver() {
 		return
 	}
 	if c := p.cache; c != nil {
+		// Set before the scan, not after it: the Store precedes each
+		// P's lockWait in handedOutBlocks, and a cache free decrements
+		// liveBlocks under that P's lock, then loads mayEmpty. Either
+		// the free holds the lock first, and the scan counts its P
+		// without the block, or it takes the lock after the scan of its
+		// P released it, and sees true: a free of a block the scan
+		// counted cannot miss the start-over.
+		p.mayEmpty.Store(true)
 		if c.handedOutBlocks() != 0 {
-			p.mayEmpty.Store(true)
 			return
 		}
 		p.mayEmpty.Store(false)

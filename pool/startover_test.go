@@ -6,6 +6,7 @@ package pool
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"testing"
 
 	"github.com/gpumem/tlsf/device/sim"
@@ -103,6 +104,56 @@ func TestALiveBlockKeepsThePoolFromStartingOver(t *testing.T) {
 		require.Positive(t, p.vmm.standby, "the last free starts over")
 		checkStep(t, p, d)
 	}
+}
+
+// A cache free on a P that startOver's scan of the caches (handedOutBlocks)
+// has passed, of that P's last handed-out block, still starts the pool
+// over: the scan saw the block live, and the free must see mayEmpty set.
+// The free runs inside the scan, right after P 0's cache was scanned
+// (testHookScannedP), and the scan waits until it returned or waits for
+// the pool's lock (testHookLastFree), which the scan's caller holds.
+func TestACacheFreeDuringTheScanLetsThePoolStartOver(t *testing.T) {
+	prev := runtime.GOMAXPROCS(1) // every goroutine on P 0
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
+	p := openPool(t, d, Options{})
+	require.NotNil(t, p.cache)
+	s, err := p.Alloc(4 * kiB)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), p.cache.ps[0].liveBlocks, "s is handed out by P 0's cache")
+	l, err := p.Alloc(8 * miB)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), p.cache.ps[0].liveBlocks, "l is the pool's own")
+	require.Zero(t, p.vmm.standby)
+
+	done := make(chan struct{})    // the free of s returned
+	waiting := make(chan struct{}) // the free of s waits for the pool's lock
+	var freeErr error
+	started := false
+	testHookLastFree = func() { close(waiting) }
+	testHookScannedP = func(i int) {
+		if i != 0 || started {
+			return
+		}
+		started = true
+		go func() {
+			defer close(done)
+			freeErr = p.Free(s)
+		}()
+		select {
+		case <-done:
+		case <-waiting:
+		}
+	}
+	t.Cleanup(func() { testHookScannedP, testHookLastFree = nil, nil })
+
+	require.NoError(t, p.Free(l)) // starts over as far as the caches let it: the scan
+	<-done
+	require.True(t, started, "the free of l scanned the caches")
+	require.NoError(t, freeErr)
+	require.Zero(t, p.Stats().Allocations)
+	require.Positive(t, p.vmm.standby, "the free of s, the last live block, starts the pool over")
+	checkStep(t, p, d)
 }
 
 func TestTrimReturnsStandbyPages(t *testing.T) {
