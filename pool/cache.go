@@ -247,7 +247,7 @@ func newCacheSet(p *Pool, o CacheOptions) *cacheSet {
 	}
 	c.central = make([][]cblock, maxClass+1)
 	c.share.Store(minShare)
-	if h, ok := p.heap.(*vmmHeap); ok {
+	if h := p.vmm; h != nil {
 		// Granules of 64 KiB, or larger where the range has more than
 		// 2^smallFilterLog2 of them, but never above a page.
 		shift := max(smallGranuleLog2, uint(bits.Len64(h.vsize-1))-min(smallFilterLog2, uint(bits.Len64(h.vsize-1))))

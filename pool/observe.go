@@ -120,7 +120,7 @@ func (p *Pool) largestAllocatable(free uint64) uint64 {
 	if p.pt != nil {
 		return headroom
 	}
-	if h, ok := p.heap.(*vmmHeap); ok {
+	if h := p.vmm; h != nil {
 		return h.largestAllocatable((headroom + h.spare()) / h.gran)
 	}
 	return max(p.x.LargestFree(), headroom/chunkGranularity*chunkGranularity)

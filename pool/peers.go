@@ -116,8 +116,8 @@ func (p *Pool) grantPeerLocked(peer int) error {
 	if err != nil {
 		return err
 	}
-	h, vmm := p.heap.(*vmmHeap)
-	if !vmm {
+	h := p.vmm
+	if h == nil {
 		p.dev.count(device.CallCtxEnablePeerAccess)
 		if err := pa.EnablePeerAccess(peer); err != nil {
 			return fmt.Errorf("pool: enabling access by device %d to device %d: %w", peer, p.dev.Ordinal(), err)

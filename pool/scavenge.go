@@ -112,7 +112,7 @@ func (sc *scavenger) halt() {
 // mappings counted as m calls (vmmHeap.unmapWork): the scavenger's pace.
 func (p *Pool) driverWork() uint64 {
 	w := p.dev.counts().Total()
-	if h, ok := p.heap.(*vmmHeap); ok {
+	if h := p.vmm; h != nil {
 		w += h.unmapWork
 	}
 	return w

@@ -142,8 +142,8 @@ func (p *Pool) releaseFor(size, align uint64) (uint64, error) {
 		return 0, err
 	}
 	p.setFine(need)
-	h, vmm := p.heap.(*vmmHeap)
-	if !vmm {
+	h := p.vmm
+	if h == nil {
 		n, err := p.heap.release(need, false)
 		p.noteReleased(n)
 		return n, err
@@ -164,8 +164,8 @@ func (p *Pool) releaseFor(size, align uint64) (uint64, error) {
 // error the index is unchanged (moved pages stay spares, counted as
 // reserved, or were released).
 func (p *Pool) searchRecycling(size, align uint64) (tlsf.Block, error) {
-	h, vmm := p.heap.(*vmmHeap)
-	if !vmm {
+	h := p.vmm
+	if h == nil {
 		return p.search(size, align)
 	}
 	b, need, err := p.placeFewestHoles(h, size, align)
@@ -524,7 +524,7 @@ func (p *Pool) looked(room bool, more uint64, within bool) bool {
 // larger handle that a smaller one then replaced: the device had less
 // free than the mapping asked for.
 func (p *Pool) noteRefused() {
-	if h, ok := p.heap.(*vmmHeap); ok && h.refused {
+	if h := p.vmm; h != nil && h.refused {
 		h.refused = false
 		p.full.on, p.full.limit, p.full.skips = true, p.reserved(), 0
 	}

@@ -134,7 +134,7 @@ func (p *Pool) Snapshot() (*Snapshot, error) {
 	}
 	// The segments, in address order.
 	var segs [][2]uint64
-	if h, ok := p.heap.(*vmmHeap); ok {
+	if h := p.vmm; h != nil {
 		n := (h.end-h.base)/h.gran + h.standby
 		for pg := uint64(0); pg < n; {
 			if !h.mapped[pg] || h.stray[pg] {
@@ -182,7 +182,7 @@ func (p *Pool) Snapshot() (*Snapshot, error) {
 		}
 		return true
 	})
-	if h, ok := p.heap.(*vmmHeap); ok && h.standby > 0 {
+	if h := p.vmm; h != nil && h.standby > 0 {
 		// Standby pages: free memory above the index's region, shown as
 		// the free top they become (the segment holding them ends there).
 		if k := len(s.Segments) - 1; k >= 0 {

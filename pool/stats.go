@@ -242,7 +242,7 @@ func (p *Pool) Check() error {
 	if st := p.x.Stats(); st.Allocated != live+pending+cached {
 		return fmt.Errorf("pool: index allocated %d bytes, owners hold %d", st.Allocated, live+pending+cached)
 	}
-	if h, ok := p.heap.(*vmmHeap); ok {
+	if h := p.vmm; h != nil {
 		return h.check()
 	}
 	return nil
