@@ -829,11 +829,15 @@ func (p *Pool) roomFor(size, align uint64) (uint64, error) {
 
 // growFromStandby serves allocMiss's request by growing a VMM heap that
 // started over from its standby pages (takeStandby), where those cover
-// the growth, before the caches of other Ps are reclaimed: that growth
-// maps nothing and reserves nothing, as the same growth of the first run
-// did not, so it needs no cached block back first; a growth the standby
-// pages do not cover reclaims them as any other. It reports whether it
-// served the request. Measured on the simulated device (development VM,
+// the growth, before the caches of other Ps are reclaimed: the pages are
+// mapped and reserved already, so taking them costs no driver call and
+// adds nothing to reserved memory, and the first run made the same
+// growth with no cached block back either; a growth the standby pages do
+// not cover reclaims them as any other. It reports whether it served the
+// request; where it did not, nothing changed, or the standby pages joined
+// the heap and the search failed, which allocMiss's later search of the
+// grown heap then repeats (not reached: with pages on standby the heap
+// has no holes, and the pages cover the block). Measured on the simulated device (development VM,
 // pinned to one core, 2026-12-03, medians of six alternating runs of
 // BenchmarkPoolReplay's minimum per replay): warm replays, each growing
 // from standby again after the last one freed everything, took 2% (lstm),
@@ -850,9 +854,10 @@ func (p *Pool) growFromStandby(size, align uint64) (tlsf.Block, bool) {
 		return tlsf.Block{}, false
 	}
 	need := p.heap.need(room)
-	if need == 0 || need > h.standby*h.gran || !p.takeStandby(need) {
+	if need == 0 || need > h.standby*h.gran {
 		return tlsf.Block{}, false
 	}
+	p.takeStandby(need) // true: the pages cover need
 	b, err := p.search(size, align)
 	return b, err == nil
 }
@@ -918,16 +923,20 @@ func (p *Pool) startOver() {
 		// without the block, or it takes the lock after the scan of its
 		// P released it, and sees true: a free of a block the scan
 		// counted cannot miss the start-over.
+		// It stays set until the heap started over: a goroutine may take
+		// a block from the stack of a P the scan passed (no pool lock),
+		// and then the heap cannot start over now, but must when that
+		// block comes back.
 		p.mayEmpty.Store(true)
 		if c.handedOutBlocks() != 0 {
 			return
 		}
-		p.mayEmpty.Store(false)
 		if c.drainLocked(true) != nil {
 			return // a block could not go back: it stays cached
 		}
 	}
 	if h.startOver() {
+		p.mayEmpty.Store(false)
 		p.logEvent(slog.LevelDebug, "tlsf pool: every block freed; the heap starts over, its pages on standby", slog.Uint64("standby_bytes", h.standby*h.gran))
 	}
 }

@@ -7,7 +7,9 @@ package pool
 import (
 	"math/rand/v2"
 	"runtime"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/gpumem/tlsf/device/sim"
 	"github.com/stretchr/testify/require"
@@ -130,7 +132,8 @@ func TestACacheFreeDuringTheScanLetsThePoolStartOver(t *testing.T) {
 	waiting := make(chan struct{}) // the free of s waits for the pool's lock
 	var freeErr error
 	started := false
-	testHookLastFree = func() { close(waiting) }
+	var once sync.Once
+	testHookLastFree = func() { once.Do(func() { close(waiting) }) }
 	testHookScannedP = func(i int) {
 		if i != 0 || started {
 			return
@@ -143,6 +146,8 @@ func TestACacheFreeDuringTheScanLetsThePoolStartOver(t *testing.T) {
 		select {
 		case <-done:
 		case <-waiting:
+		case <-time.After(time.Minute):
+			t.Error("the free of s neither returned nor waited for the pool's lock")
 		}
 	}
 	t.Cleanup(func() { testHookScannedP, testHookLastFree = nil, nil })
@@ -153,6 +158,59 @@ func TestACacheFreeDuringTheScanLetsThePoolStartOver(t *testing.T) {
 	require.NoError(t, freeErr)
 	require.Zero(t, p.Stats().Allocations)
 	require.Positive(t, p.vmm.standby, "the free of s, the last live block, starts the pool over")
+	checkStep(t, p, d)
+}
+
+// A block taken from the stack of a P that startOver's scan has passed
+// (a cache alloc takes no pool lock) keeps the heap from starting over at
+// that free; when it comes back, its free starts the pool over: mayEmpty
+// stays set until the heap started over. The alloc runs inside the scan,
+// right after P 0's cache was scanned (testHookScannedP).
+func TestABlockTakenDuringTheScanStartsThePoolOverWhenFreed(t *testing.T) {
+	prev := runtime.GOMAXPROCS(1) // every goroutine on P 0
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
+	p := openPool(t, d, Options{})
+	require.NotNil(t, p.cache)
+	s, err := p.Alloc(4 * kiB) // a refill: s and more 4 KiB blocks on P 0's stack
+	require.NoError(t, err)
+	l, err := p.Alloc(8 * miB)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(s)) // back on P 0's stack
+	require.Positive(t, p.cache.ps[0].stackBlocks)
+
+	done := make(chan struct{}) // the alloc from P 0's stack returned
+	var q uintptr
+	var allocErr error
+	started := false
+	testHookScannedP = func(i int) {
+		if i != 0 || started {
+			return
+		}
+		started = true
+		go func() {
+			defer close(done)
+			q, allocErr = p.Alloc(4 * kiB)
+		}()
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Error("the alloc from P 0's stack did not return (it took the pool's lock)")
+		}
+	}
+	t.Cleanup(func() { testHookScannedP = nil })
+
+	require.NoError(t, p.Free(l)) // the scan, during which q is taken
+	<-done
+	testHookScannedP = nil
+	require.True(t, started, "the free of l scanned the caches")
+	require.NoError(t, allocErr)
+	require.Zero(t, p.vmm.standby, "q is live: no start-over yet")
+	checkStep(t, p, d)
+
+	require.NoError(t, p.Free(q))
+	require.Zero(t, p.Stats().Allocations)
+	require.Positive(t, p.vmm.standby, "the free of q, the last live block, starts the pool over")
 	checkStep(t, p, d)
 }
 
