@@ -43,7 +43,9 @@ func newSimPool(tb testing.TB, o pool.Options) *pool.Pool {
 //     failed allocation (bisection to 2 MiB), over peak live;
 //   - ns/traceop and min-ns/traceop: the median and the minimum over the
 //     iterations of the wall time per trace operation of one replay on the
-//     same pool after a first replay (warm; the blocks a replay leaves live
+//     same pool after a first replay and untimed ones until the process
+//     spent 1 s in such replays (replay.WarmUpTime, as tlsf-stress does;
+//     the blocks a replay leaves live
 //     are freed between replays, untimed); the simulated driver time is
 //     not slept. Compare with BenchmarkReplay's tlsf-harness variant;
 //   - calls/traceop: driver calls per operation, warm.
@@ -87,6 +89,7 @@ func BenchmarkPoolReplay(b *testing.B) {
 				p := newSimPool(b, cfg.opts)
 				a := replay.Pool{P: p}
 				replayOnce(b, ct, a) // cold
+				warmUp(b, ct, a)
 				before := p.Stats().DeviceCalls
 				runs := replayLoop(b, ct, a)
 				after := p.Stats().DeviceCalls

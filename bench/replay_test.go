@@ -100,6 +100,7 @@ func BenchmarkReplay(b *testing.B) {
 					b.Fatal(err)
 				}
 				a := &indexAllocator{x: x, fit: v.fit, locked: v.locked}
+				warmUp(b, c.Compiled, a)
 				reportRuns(b, replayLoop(b, c.Compiled, a))
 				b.ReportMetric(float64(a.top)/float64(c.peakLive), "top/live")
 			})
@@ -180,6 +181,15 @@ func replayOnce(b *testing.B, c *replay.Compiled, a replay.Allocator) replay.Res
 		b.Fatal(err)
 	}
 	return r
+}
+
+// warmUp replays c through a untimed until the process spent
+// replay.WarmUpTime in such replays, as tlsf-stress does before its warm
+// replays.
+func warmUp(b *testing.B, c *replay.Compiled, a replay.Allocator) {
+	if _, err := c.WarmUp(a, replay.WarmUpTime); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // replayLoop replays c through a once per benchmark iteration

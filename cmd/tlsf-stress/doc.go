@@ -92,7 +92,9 @@
 // Each trace is compiled (IDs to dense slots, replay.Compile) and then
 // replayed per backend on one allocator on a fresh device (on a GPU, the
 // same device, with each allocator closed and the driver's pool trimmed
-// in between): the first replay warms the allocator (cold_ns_per_op) and
+// in between): the first replay warms the allocator (cold_ns_per_op),
+// more replays run untimed until the process has spent 1 s in such
+// replays (replay.WarmUpTime: in practice, those of its first trace), and
 // --warm-runs more (default 10) are timed; ns_per_op is their median, the
 // warm cost per alloc or free, as are the peers' figures (trace.Baselines, measured on an H200)
 // that the table prints beside ours. Blocks a trace leaves live are freed
@@ -141,7 +143,7 @@
 //	device_ns_per_op     float64  sim only: modelled driver time per op, warm replays
 //	cold_device_ns_per_op float64 sim only: modelled driver time per op of the first replay, New included
 //	device_calls         uint64   driver calls the allocator made, creation and all replays
-//	warm_device_calls    uint64   of those, during the warm replays (all of them)
+//	warm_device_calls    uint64   of those, during the timed warm replays (all of them)
 //	device_calls_by_name object   driver entry point → calls, the non-zero ones
 //	failed_allocs        int      allocations that failed in the first replay
 //	warm_failed_allocs   int      allocations that failed in the warm replays

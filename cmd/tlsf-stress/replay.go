@@ -49,8 +49,9 @@ func newReplayCmd(g *globalFlags) *cobra.Command {
 		Use:   "replay [flags] [TRACE...]",
 		Short: "Replay allocation traces through the pool and its peers",
 		Long: `Replay allocation traces through each backend on one allocator: the first
-replay warms it (its cost is cold ns/op), then --warm-runs more are timed, and
-ns/op is their median: the warm replay cost per alloc or free, as the peers'
+replay warms it (its cost is cold ns/op), more run untimed until the process
+has spent 1 s in such replays (the first CPU second of a process runs up to
+1.7x slower), then --warm-runs more are timed, and ns/op is their median: the warm replay cost per alloc or free, as the peers'
 figures are. Trace IDs are compiled to dense slots before anything is timed.
 
 A TRACE is a file (this project's text format, a PyTorch memory snapshot
@@ -307,6 +308,10 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 			return err
 		}
 		r.series = series
+		// Untimed, before the warm replays' figures and driver calls.
+		if _, err := ct.WarmUp(a, replay.WarmUpTime); err != nil {
+			return err
+		}
 		c0 := a.calls()
 		if sd != nil {
 			simT0 = sd.SimTime()

@@ -19,13 +19,17 @@
 // One timed replay is noise on a shared machine (runs differ 2×): Warm
 // replays a compiled trace n times on the same allocator (freeing what
 // each leaves live) and reports the median and the minimum ns per
-// operation. tlsf-stress and bench both take their figures from it.
+// operation. tlsf-stress and bench both take their figures from it,
+// after WarmUp, which replays untimed until the process has spent
+// WarmUpTime in such replays: timed replays then find the CPU as a
+// long-running program would, not as the process start left it.
 package replay
 
 import (
 	"cmp"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpumem/tlsf/internal/trace"
@@ -243,10 +247,48 @@ type WarmResult struct {
 // runs differ 2×.
 const MinWarmRuns = 10
 
+// WarmUpTime is the time a process spends in untimed replays (WarmUp)
+// before its first timed warm replay. Measured on the simulated H200
+// (development VM, GOMAXPROCS=1, pinned to one core, 2026-12-03,
+// tlsf-stress replay of lstm, resnet50 and tdnn in one process, two runs
+// each): the medians of ten warm replays were 59–61, 72–74 and 54–62 ns
+// per operation with 1 ms of warm-up, 66–67, 76 and 40–47 with 100 ms,
+// 58–73, 50–51 and 40–52 with 300 ms, and 44, 50–51 and 40 with 1 s,
+// where the minima were 42–43, 49–68 and 39–42 throughout: for about the
+// first second of a process, replays ran up to 1.7× their later time,
+// and figures timed then were the process start's, not the allocator's.
+const WarmUpTime = time.Second
+
+// warmedUp is the time this process has spent in WarmUp's replays.
+var warmedUp atomic.Int64
+
+// WarmUp replays c through a, untimed, freeing what each replay leaves
+// live: once, and then until this process has spent d in WarmUp's
+// replays in all (so the first call of a process takes about d, later
+// ones about one replay each). It returns the number of replays. Safe
+// for concurrent use with other allocators. Errors: a replay's (Run,
+// FreeLeft).
+func (c *Compiled) WarmUp(a Allocator, d time.Duration) (int, error) {
+	n := 0
+	for n == 0 || time.Duration(warmedUp.Load()) < d {
+		start := time.Now()
+		r, err := c.Run(a)
+		if err == nil {
+			err = r.FreeLeft(a)
+		}
+		warmedUp.Add(int64(time.Since(start)))
+		if err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
 // Warm replays c n times through a (at least once), freeing the blocks
 // each replay leaves live before the next, and reports the median and the
 // minimum of the replays' ns per operation. The caller warms a first
-// (one replay, its Left freed) if cold-start cost is not to count. If
+// (WarmUp) if cold-start cost is not to count. If
 // before is not nil, it runs before each replay, untimed.
 func (c *Compiled) Warm(a Allocator, n int, before func()) (WarmResult, error) {
 	var w WarmResult

@@ -3,6 +3,7 @@ package replay
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/gpumem/tlsf/internal/trace"
 )
@@ -114,6 +115,29 @@ func TestWarmMedianAndMin(t *testing.T) {
 	}
 	if b.frees != 4*MinWarmRuns {
 		t.Fatalf("%d frees, want %d", b.frees, 4*MinWarmRuns)
+	}
+}
+
+func TestWarmUpReplaysAtLeastOnceAndFreesWhatIsLeft(t *testing.T) {
+	b := &bump{}
+	n, err := Compile(tiny()).WarmUp(b, 0)
+	if err != nil || n != 1 || len(b.live) != 0 || b.frees != 4 {
+		t.Fatalf("n %d err %v live %d frees %d, want one replay, every block freed", n, err, len(b.live), b.frees)
+	}
+	b = &bump{}
+	d := time.Duration(warmedUp.Load()) + 5*time.Millisecond
+	n, err = Compile(tiny()).WarmUp(b, d)
+	if err != nil || n < 2 || len(b.live) != 0 || b.frees != 4*n || time.Duration(warmedUp.Load()) < d {
+		t.Fatalf("n %d err %v live %d frees %d", n, err, len(b.live), b.frees)
+	}
+	// The process is warm now: one replay.
+	if n, err = Compile(tiny()).WarmUp(&bump{}, d); err != nil || n != 1 {
+		t.Fatalf("n %d err %v once warm, want one replay", n, err)
+	}
+	// A replay whose free fails ends the warm-up with its error.
+	bad := &trace.Trace{Name: "bad", Ops: []trace.Op{{ID: 1, Size: 100, Stream: 1}, {ID: 1, Size: 100, Free: true}}}
+	if _, err := Compile(bad).WarmUp(&bump{}, time.Second); err == nil {
+		t.Fatal("a failing free did not end the warm-up")
 	}
 }
 
