@@ -108,18 +108,53 @@ func TestALiveBlockKeepsThePoolFromStartingOver(t *testing.T) {
 	}
 }
 
-// A cache free on a P that startOver's scan of the caches (handedOutBlocks)
-// has passed, of that P's last handed-out block, still starts the pool
-// over: the scan saw the block live, and the free must see mayEmpty set.
-// The free runs inside the scan, right after P 0's cache was scanned
-// (testHookScannedP), and the scan waits until it returned or waits for
-// the pool's lock (testHookLastFree), which the scan's caller holds.
-func TestACacheFreeDuringTheScanLetsThePoolStartOver(t *testing.T) {
-	prev := runtime.GOMAXPROCS(1) // every goroutine on P 0
+// onePPool returns a VMM pool with caches on the simulated device and
+// sets GOMAXPROCS to 1 for the test: every goroutine runs on P 0.
+func onePPool(t *testing.T) (*Pool, testDevice) {
+	prev := runtime.GOMAXPROCS(1)
 	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
 	d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
 	p := openPool(t, d, Options{})
 	require.NotNil(t, p.cache)
+	return p, d
+}
+
+// duringScanOfP0 makes the next scan of the caches by startOver
+// (handedOutBlocks) run f in a new goroutine right after P 0's cache was
+// scanned, its lock released (testHookScannedP), and wait there until f
+// returned or waiting was closed (nil: never). The returned channel is
+// closed when f returned; started reports whether the scan ran f.
+func duringScanOfP0(t *testing.T, f func(), waiting <-chan struct{}) (done <-chan struct{}, started func() bool) {
+	d := make(chan struct{})
+	ran := false
+	testHookScannedP = func(i int) {
+		if i != 0 || ran {
+			return
+		}
+		ran = true
+		go func() {
+			defer close(d)
+			f()
+		}()
+		select {
+		case <-d:
+		case <-waiting:
+		case <-time.After(time.Minute):
+			t.Error("the goroutine run during the scan neither returned nor waited for the pool's lock")
+		}
+	}
+	t.Cleanup(func() { testHookScannedP = nil })
+	return d, func() bool { return ran }
+}
+
+// A cache free on a P that startOver's scan of the caches (handedOutBlocks)
+// has passed, of that P's last handed-out block, still starts the pool
+// over: the scan saw the block live, and the free must see mayEmpty set.
+// The free runs inside the scan, right after P 0's cache was scanned, and
+// the scan waits until it returned or waits for the pool's lock
+// (testHookLastFree), which the scan's caller holds.
+func TestACacheFreeDuringTheScanLetsThePoolStartOver(t *testing.T) {
+	p, d := onePPool(t)
 	s, err := p.Alloc(4 * kiB)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), p.cache.ps[0].liveBlocks, "s is handed out by P 0's cache")
@@ -128,33 +163,16 @@ func TestACacheFreeDuringTheScanLetsThePoolStartOver(t *testing.T) {
 	require.Equal(t, int64(1), p.cache.ps[0].liveBlocks, "l is the pool's own")
 	require.Zero(t, p.vmm.standby)
 
-	done := make(chan struct{})    // the free of s returned
 	waiting := make(chan struct{}) // the free of s waits for the pool's lock
-	var freeErr error
-	started := false
 	var once sync.Once
 	testHookLastFree = func() { once.Do(func() { close(waiting) }) }
-	testHookScannedP = func(i int) {
-		if i != 0 || started {
-			return
-		}
-		started = true
-		go func() {
-			defer close(done)
-			freeErr = p.Free(s)
-		}()
-		select {
-		case <-done:
-		case <-waiting:
-		case <-time.After(time.Minute):
-			t.Error("the free of s neither returned nor waited for the pool's lock")
-		}
-	}
-	t.Cleanup(func() { testHookScannedP, testHookLastFree = nil, nil })
+	t.Cleanup(func() { testHookLastFree = nil })
+	var freeErr error
+	done, started := duringScanOfP0(t, func() { freeErr = p.Free(s) }, waiting)
 
 	require.NoError(t, p.Free(l)) // starts over as far as the caches let it: the scan
 	<-done
-	require.True(t, started, "the free of l scanned the caches")
+	require.True(t, started(), "the free of l scanned the caches")
 	require.NoError(t, freeErr)
 	require.Zero(t, p.Stats().Allocations)
 	require.Positive(t, p.vmm.standby, "the free of s, the last live block, starts the pool over")
@@ -165,13 +183,9 @@ func TestACacheFreeDuringTheScanLetsThePoolStartOver(t *testing.T) {
 // (a cache alloc takes no pool lock) keeps the heap from starting over at
 // that free; when it comes back, its free starts the pool over: mayEmpty
 // stays set until the heap started over. The alloc runs inside the scan,
-// right after P 0's cache was scanned (testHookScannedP).
+// right after P 0's cache was scanned.
 func TestABlockTakenDuringTheScanStartsThePoolOverWhenFreed(t *testing.T) {
-	prev := runtime.GOMAXPROCS(1) // every goroutine on P 0
-	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
-	d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
-	p := openPool(t, d, Options{})
-	require.NotNil(t, p.cache)
+	p, d := onePPool(t)
 	s, err := p.Alloc(4 * kiB) // a refill: s and more 4 KiB blocks on P 0's stack
 	require.NoError(t, err)
 	l, err := p.Alloc(8 * miB)
@@ -179,31 +193,14 @@ func TestABlockTakenDuringTheScanStartsThePoolOverWhenFreed(t *testing.T) {
 	require.NoError(t, p.Free(s)) // back on P 0's stack
 	require.Positive(t, p.cache.ps[0].stackBlocks)
 
-	done := make(chan struct{}) // the alloc from P 0's stack returned
 	var q uintptr
 	var allocErr error
-	started := false
-	testHookScannedP = func(i int) {
-		if i != 0 || started {
-			return
-		}
-		started = true
-		go func() {
-			defer close(done)
-			q, allocErr = p.Alloc(4 * kiB)
-		}()
-		select {
-		case <-done:
-		case <-time.After(time.Minute):
-			t.Error("the alloc from P 0's stack did not return (it took the pool's lock)")
-		}
-	}
-	t.Cleanup(func() { testHookScannedP = nil })
+	done, started := duringScanOfP0(t, func() { q, allocErr = p.Alloc(4 * kiB) }, nil)
 
 	require.NoError(t, p.Free(l)) // the scan, during which q is taken
 	<-done
 	testHookScannedP = nil
-	require.True(t, started, "the free of l scanned the caches")
+	require.True(t, started(), "the free of l scanned the caches")
 	require.NoError(t, allocErr)
 	require.Zero(t, p.vmm.standby, "q is live: no start-over yet")
 	checkStep(t, p, d)
