@@ -31,8 +31,8 @@ func newSimPool(tb testing.TB, o pool.Options) *pool.Pool {
 // 1 MiB and less ("vmm-goodfit-c1m", the default before best fit) and for
 // VMM with Wilderness ("vmm-wilderness"). Metrics:
 //   - reserved/live: peak reserved over peak live bytes, no cap, cold;
-//   - warm-reserved/live: the same over the cold replay and the warm ones
-//     after it on the timed pool: the figure the peers report (their
+//   - warm-reserved/live: the same over the cold replay, the warm-up and
+//     the warm ones after it on the timed pool: the figure the peers report (their
 //     loops replay 10 times), and tlsf-stress replay's. A VMM pool whose
 //     every block is freed between replays starts over (Pool.startOver),
 //     so its warm replays place blocks as the cold one did and the two

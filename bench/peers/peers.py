@@ -531,14 +531,18 @@ def cmd_child(a):
     res["cold_failed"] = cold["failed"]
     if cold["first_error"]:
         res["first_error"] = cold["first_error"]
-    wu0 = time.monotonic()
-    res["warm_up_reps"] = 0
-    while res["warm_up_reps"] == 0 or time.monotonic() - wu0 < WARM_UP_S:
-        ext.replay(ops, impl.adapter)
-        res["warm_up_reps"] += 1
-    warm, failed = [], 0
     # Keep time for the bisection: warm replays get at most half the budget.
     warm_deadline = t0 + a.budget / 2 if (impl.can_cap and a.bisect) else deadline
+    # At least one, unless the warm replays' deadline has passed already (a
+    # slow peer's timed replays then come first); its failed allocations
+    # are counted apart.
+    wu0 = time.monotonic()
+    res["warm_up_reps"], res["warm_up_failed"] = 0, 0
+    while (res["warm_up_reps"] == 0 or time.monotonic() - wu0 < WARM_UP_S) and time.monotonic() < warm_deadline:
+        r = ext.replay(ops, impl.adapter)
+        res["warm_up_reps"] += 1
+        res["warm_up_failed"] += r["failed"]
+    warm, failed = [], 0
     for i in range(a.reps):
         if i >= MIN_REPS and time.monotonic() > warm_deadline:
             res["notes"].append("warm replays cut to %d of %d by the time budget" % (i, a.reps))

@@ -130,7 +130,7 @@
 //	device_kind          string   "cuda" or "sim"
 //	ops                  int      operations of the timed replay (failed allocations and their frees excluded)
 //	peak_live_bytes      uint64   peak of live bytes as the trace sizes them (trace.PeakLive)
-//	peak_reserved_bytes  uint64   most device memory the allocator held, over both replays
+//	peak_reserved_bytes  uint64   most device memory the allocator held, over all its replays
 //	reserved_over_live   float64  peak_reserved_bytes / peak_live_bytes
 //	cap_bytes            uint64   the cap in force (0: none)
 //	min_cap_bytes        uint64   with --min-cap only: the smallest cap with no failed allocation
@@ -139,10 +139,11 @@
 //	ns_per_op            float64  warm wall time per op: the median of the warm replays
 //	min_ns_per_op        float64  the fastest warm replay's wall time per op
 //	warm_runs            int      warm replays timed (--warm-runs)
+//	warm_up_runs         int      untimed replays between the cold and the timed ones (replay.WarmUp: the process's first trace and backend run about a second of them, later ones one); their failed allocations count nowhere
 //	cold_ns_per_op       float64  wall time per op of the first replay
 //	device_ns_per_op     float64  sim only: modelled driver time per op, warm replays
 //	cold_device_ns_per_op float64 sim only: modelled driver time per op of the first replay, New included
-//	device_calls         uint64   driver calls the allocator made, creation and all replays
+//	device_calls         uint64   driver calls the allocator made, creation and all replays (the warm-up's included)
 //	warm_device_calls    uint64   of those, during the timed warm replays (all of them)
 //	device_calls_by_name object   driver entry point → calls, the non-zero ones
 //	failed_allocs        int      allocations that failed in the first replay

@@ -107,7 +107,7 @@ var replaySchema = map[string]string{
 	"device": "string", "device_kind": "string", "ops": "int",
 	"peak_live_bytes": "int", "peak_reserved_bytes": "int", "reserved_over_live": "number",
 	"cap_bytes": "int", "min_cap_bytes": "int", "min_cap_over_live": "number", "min_cap_runs": "int",
-	"ns_per_op": "number", "min_ns_per_op": "number", "warm_runs": "int", "cold_ns_per_op": "number", "device_ns_per_op": "number", "cold_device_ns_per_op": "number",
+	"ns_per_op": "number", "min_ns_per_op": "number", "warm_runs": "int", "warm_up_runs": "int", "cold_ns_per_op": "number", "device_ns_per_op": "number", "cold_device_ns_per_op": "number",
 	"device_calls": "int", "warm_device_calls": "int", "device_calls_by_name": "object",
 	"failed_allocs": "int", "warm_failed_allocs": "int", "first_error": "string",
 }

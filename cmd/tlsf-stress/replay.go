@@ -142,6 +142,7 @@ type replayResult struct {
 	NsPerOp           float64           `json:"ns_per_op"`
 	MinNsPerOp        float64           `json:"min_ns_per_op"`
 	WarmRuns          int               `json:"warm_runs"`
+	WarmUpRuns        int               `json:"warm_up_runs"`
 	ColdNsPerOp       float64           `json:"cold_ns_per_op"`
 	DeviceNsPerOp     *float64          `json:"device_ns_per_op,omitempty"`
 	ColdDeviceNsPerOp *float64          `json:"cold_device_ns_per_op,omitempty"`
@@ -270,7 +271,8 @@ func runReplay(cmd *cobra.Command, g *globalFlags, o *replayOpts, args []string)
 }
 
 // replayTraceBackend replays t with backend be: once cold (sampled for
-// --plot), once warm and timed, then the --min-cap bisection.
+// --plot), untimed until the process is warm (replay.WarmUp), then
+// --warm-runs times, timed, then the --min-cap bisection.
 func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (*replayResult, error) {
 	dev, release := ds.get()
 	defer release()
@@ -309,7 +311,7 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		}
 		r.series = series
 		// Untimed, before the warm replays' figures and driver calls.
-		if _, err := ct.WarmUp(a, replay.WarmUpTime); err != nil {
+		if r.WarmUpRuns, err = ct.WarmUp(a, replay.WarmUpTime); err != nil {
 			return err
 		}
 		c0 := a.calls()

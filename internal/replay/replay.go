@@ -259,7 +259,9 @@ const MinWarmRuns = 10
 // and figures timed then were the process start's, not the allocator's.
 const WarmUpTime = time.Second
 
-// warmedUp is the time this process has spent in WarmUp's replays.
+// warmedUp is the wall time this process has spent in WarmUp's replays
+// (each replay's FreeLeft and any preemption included), summed over all
+// callers: with several at once, each stops sooner.
 var warmedUp atomic.Int64
 
 // WarmUp replays c through a, untimed, freeing what each replay leaves

@@ -125,7 +125,7 @@ func TestWarmUpReplaysAtLeastOnceAndFreesWhatIsLeft(t *testing.T) {
 		t.Fatalf("n %d err %v live %d frees %d, want one replay, every block freed", n, err, len(b.live), b.frees)
 	}
 	b = &bump{}
-	d := time.Duration(warmedUp.Load()) + 5*time.Millisecond
+	d := time.Duration(warmedUp.Load()) + 50*time.Millisecond
 	n, err = Compile(tiny()).WarmUp(b, d)
 	if err != nil || n < 2 || len(b.live) != 0 || b.frees != 4*n || time.Duration(warmedUp.Load()) < d {
 		t.Fatalf("n %d err %v live %d frees %d", n, err, len(b.live), b.frees)
