@@ -837,13 +837,14 @@ func (p *Pool) roomFor(size, align uint64) (uint64, error) {
 // request; where it did not, nothing changed, or the standby pages joined
 // the heap and the search failed, which allocMiss's later search of the
 // grown heap then repeats (not reached: with pages on standby the heap
-// has no holes, and the pages cover the block). Measured on the simulated device (development VM,
-// pinned to one core, 2026-12-03, medians of six alternating runs of
-// BenchmarkPoolReplay's minimum per replay): warm replays, each growing
-// from standby again after the last one freed everything, took 2% (lstm),
-// 4% (resnet50) and 5% (tdnn, resnet50-infer) less time per operation;
-// peak reserved of the nine traces of the README stayed as it was at
-// GOMAXPROCS 1 and 16. Pool lock held.
+// has no holes, and the pages cover the block). Measured on the
+// simulated device (development VM, pinned to one core, 2026-12-03,
+// medians of six alternating runs of BenchmarkPoolReplay's minimum per
+// replay): warm replays, each growing from standby again after the last
+// one freed everything, took 2% (lstm), 4% (resnet50) and 5% (tdnn,
+// resnet50-infer) less time per operation; peak reserved of the nine
+// traces of the README stayed as it was at GOMAXPROCS 1 and 16. Pool
+// lock held.
 func (p *Pool) growFromStandby(size, align uint64) (tlsf.Block, bool) {
 	h := p.vmm
 	if h == nil || h.standby == 0 {

@@ -51,8 +51,8 @@ func newReplayCmd(g *globalFlags) *cobra.Command {
 		Long: `Replay allocation traces through each backend on one allocator: the first
 replay warms it (its cost is cold ns/op), more run untimed until the process
 has spent 1 s in such replays (the first CPU second of a process runs up to
-1.7x slower), then --warm-runs more are timed, and ns/op is their median: the warm replay cost per alloc or free, as the peers'
-figures are. Trace IDs are compiled to dense slots before anything is timed.
+1.7x slower), then --warm-runs more are timed, and ns/op is their median: the
+warm replay cost per alloc or free, as the peers' figures are. Trace IDs are compiled to dense slots before anything is timed.
 
 A TRACE is a file (this project's text format, a PyTorch memory snapshot
 pickle, or an RMM logging_resource_adaptor CSV log, plain or gzip, told apart
