@@ -32,8 +32,8 @@ func newSimPool(tb testing.TB, o pool.Options) *pool.Pool {
 // VMM with Wilderness ("vmm-wilderness"). Metrics:
 //   - reserved/live: peak reserved over peak live bytes, no cap, cold;
 //   - warm-reserved/live: the same over the cold replay, the warm-up and
-//     the warm ones after it on the timed pool: the figure the peers report (their
-//     loops replay 10 times), and tlsf-stress replay's. A VMM pool whose
+//     the warm ones after it on the timed pool: the figure the peers
+//     report (their loops replay 10 times), and tlsf-stress replay's. A VMM pool whose
 //     every block is freed between replays starts over (Pool.startOver),
 //     so its warm replays place blocks as the cold one did and the two
 //     figures agree; before it did, a warm replay started on one free
@@ -45,9 +45,8 @@ func newSimPool(tb testing.TB, o pool.Options) *pool.Pool {
 //     iterations of the wall time per trace operation of one replay on the
 //     same pool after a first replay and untimed ones until the process
 //     spent 1 s in such replays (replay.WarmUpTime, as tlsf-stress does;
-//     the blocks a replay leaves live
-//     are freed between replays, untimed); the simulated driver time is
-//     not slept. Compare with BenchmarkReplay's tlsf-harness variant;
+//     the blocks a replay leaves live are freed between replays,
+//     untimed); the simulated driver time is not slept. Compare with BenchmarkReplay's tlsf-harness variant;
 //   - calls/traceop: driver calls per operation, warm.
 func BenchmarkPoolReplay(b *testing.B) {
 	for _, tr := range poolTraces(b) {

@@ -199,7 +199,6 @@ func TestABlockTakenDuringTheScanStartsThePoolOverWhenFreed(t *testing.T) {
 
 	require.NoError(t, p.Free(l)) // the scan, during which q is taken
 	<-done
-	testHookScannedP = nil
 	require.True(t, started(), "the free of l scanned the caches")
 	require.NoError(t, allocErr)
 	require.Zero(t, p.vmm.standby, "q is live: no start-over yet")
