@@ -211,3 +211,51 @@ type worker struct {
 	live [16]uintptr
 	_    [64]byte
 }
+
+// BenchmarkSmallPairsOneHeld runs GOMAXPROCS goroutines (2 and 4), each
+// allocating and freeing one 4 KiB block at a time, while one more 4 KiB
+// block stays live and the pool's last large block was freed: the pool
+// would start over (Pool.startOver) when the held block is freed, and the
+// other Ps' frees, each of which empties its cache's table of live
+// blocks, must not each take the pool's lock to find out that it cannot
+// yet. Compare with the held=false variant (no large block freed).
+func BenchmarkSmallPairsOneHeld(b *testing.B) {
+	for _, g := range []int{2, 4} {
+		for _, held := range []bool{false, true} {
+			b.Run(fmt.Sprintf("goroutines=%d/held=%v", g, held), func(b *testing.B) {
+				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(g))
+				p := newSimPool(b, pool.Options{Backend: pool.BackendVMM})
+				if held {
+					small, err := p.Alloc(4096)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer func() { _ = p.Free(small) }()
+					large, err := p.Alloc(64 << 20)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := p.Free(large); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.SetParallelism(1)
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						ptr, err := p.Alloc(4096)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if err := p.Free(ptr); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/pair")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}

@@ -135,6 +135,10 @@ type pcache struct {
 
 	// seen is allocs+frees at the last idle scan (pool lock).
 	seen uint64
+	// blocker: the last scan for handed-out blocks (markBlocker) found
+	// this P's first, so that with mayEmpty at emptyBlocker only the free
+	// that empties this P's table looks for a start-over.
+	blocker bool
 
 	_ [64]byte // keep neighbouring caches off this one's cache lines
 }
@@ -352,7 +356,7 @@ func (c *cacheSet) free(ptr uintptr) bool {
 	pc.stackBlocks++
 	pc.frees++
 	over := pc.stackBytes > c.share.Load()
-	last := pc.liveBlocks == 0 && c.p.mayEmpty.Load() // perhaps the pool's last live block
+	last := pc.lastOut(c.p.mayEmpty.Load()) // perhaps the pool's last live block
 	pc.unlock()
 	procUnpin()
 	if over || last {
@@ -371,23 +375,32 @@ func (c *cacheSet) free(ptr uintptr) bool {
 	return true
 }
 
-// handedOutBlocks returns the number of blocks the caches handed out that
-// are live. Pool lock held.
-func (c *cacheSet) handedOutBlocks() int64 {
-	var n int64
+// markBlocker scans every P's cache for blocks it handed out that are
+// live, marks the first P found holding some as the blocker (clearing the
+// mark of every other), and reports whether it found one. Pool lock held.
+func (c *cacheSet) markBlocker() bool {
+	found := false
 	for i := range c.ps {
 		pc := &c.ps[i]
 		pc.lockWait()
-		n += pc.liveBlocks
+		pc.blocker = !found && pc.liveBlocks > 0
+		found = found || pc.blocker
 		pc.unlock()
 		if testHookScannedP != nil {
 			testHookScannedP(i)
 		}
 	}
-	return n
+	return found
 }
 
-// Test hooks, nil outside tests: testHookScannedP runs in handedOutBlocks
+// lastOut reports whether the cache, whose table of handed-out blocks
+// may just have lost one, is to look for a start-over, mayEmpty being m:
+// its table is empty and m names every P or this one. Cache lock held.
+func (pc *pcache) lastOut(m uint32) bool {
+	return pc.liveBlocks == 0 && (m == emptyAny || m == emptyBlocker && pc.blocker)
+}
+
+// Test hooks, nil outside tests: testHookScannedP runs in markBlocker
 // after P i's cache was scanned (its lock released); testHookLastFree in
 // cacheSet.free when a P's last handed-out block came back, before it
 // takes the pool's lock. Both paths are rare.
@@ -749,24 +762,27 @@ func (c *cacheSet) drainLocked(keep bool) error {
 }
 
 // takeLive removes block b, cached in the index's view, from the table of
-// blocks its cache handed out, and reports whether the block was there:
-// the locked path of a free from another P, or one that met a busy cache.
-// A block in the caches is either on its owner's stack or in its owner's
-// table: if not in the table, it was freed already. Pool lock held.
-func (c *cacheSet) takeLive(b tlsf.Block) bool {
+// blocks its cache handed out, and reports whether the block was there
+// (ok; the locked path of a free from another P, or one that met a busy
+// cache) and whether the pool is to look for a start-over (last, as
+// pcache.lastOut). A block in the caches is either on its owner's stack
+// or in its owner's table: if not in the table, it was freed already.
+// Pool lock held.
+func (c *cacheSet) takeLive(b tlsf.Block) (ok, last bool) {
 	owner := c.p.meta[b.ID].owner
 	if int(owner) >= len(c.ps) {
-		return false
+		return false, false
 	}
 	pc := &c.ps[owner]
 	pc.lockWait()
-	_, ok := pc.live.Take(b.Addr)
+	_, ok = pc.live.Take(b.Addr)
 	if ok {
 		pc.liveBytes -= b.Size
 		pc.liveBlocks--
+		last = pc.lastOut(c.p.mayEmpty.Load())
 	}
 	pc.unlock()
-	return ok
+	return ok, last
 }
 
 // adopt stacks block b, just taken from another P's table by takeLive and

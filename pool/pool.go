@@ -85,10 +85,13 @@ type Pool struct {
 	// growths that take standby pages (takeStandby).
 	lastFree uint64
 	// mayEmpty: the pool's own blocks were all freed while blocks handed
-	// out by the caches were live; the cache free that leaves its P with
-	// none takes the lock to see whether the pool can start over
-	// (startOver). A hint only: startOver checks everything itself.
-	mayEmpty atomic.Bool
+	// out by the caches were live (emptyNo: not so, or the heap started
+	// over since). A cache free that leaves its P with none of them
+	// takes the lock to see whether the pool can start over (startOver):
+	// any P's (emptyAny), or only the blocker's (emptyBlocker, the P
+	// startOver's last scan found holding some: pcache.blocker). A hint
+	// only: startOver checks everything itself.
+	mayEmpty atomic.Uint32
 	full     fullDevice // a device found full, and the limit it set (share.go)
 	scav     *scavenger // nil unless FreeFloorFraction is set (scavenge.go)
 }
@@ -883,6 +886,13 @@ func (p *Pool) takeStandby(need uint64) bool {
 	return true
 }
 
+// The states of Pool.mayEmpty.
+const (
+	emptyNo      uint32 = iota // no start-over awaits a cache free
+	emptyAny                   // a free that empties any P's table looks for one
+	emptyBlocker               // only the free that empties the blocker P's table does
+)
+
 // startOver: a VMM pool whose every block is free starts over as a new
 // pool would, keeping its memory. When the last live block is freed
 // (the pool's own, then those the caches handed out), the caches are
@@ -905,31 +915,40 @@ func (p *Pool) takeStandby(need uint64) bool {
 //
 // The cost: a compare per free under the lock; where only blocks the
 // caches handed out are live, a check of each P's cache (a spin lock
-// each) then, and a pool lock when a P's last handed-out block comes
-// back. Pool lock held.
+// each) then, and again, under the pool's lock, when the P found first
+// holding some (the blocker) has none left. Pool lock held.
 func (p *Pool) startOver() {
 	h := p.vmm
 	if p.c.allocations != 0 {
-		p.mayEmpty.Store(false)
+		p.mayEmpty.Store(emptyNo)
 		return
 	}
 	if h == nil || p.closed || p.c.pendingBlocks != 0 || h.end == h.base || h.holes != 0 || h.nStray != 0 {
 		return
 	}
 	if c := p.cache; c != nil {
-		// Set before the scan, not after it: the Store precedes each
-		// P's lockWait in handedOutBlocks, and a cache free decrements
-		// liveBlocks under that P's lock, then loads mayEmpty. Either
-		// the free holds the lock first, and the scan counts its P
-		// without the block, or it takes the lock after the scan of its
-		// P released it, and sees true: a free of a block the scan
-		// counted cannot miss the start-over.
-		// It stays set until the heap started over: a goroutine may take
-		// a block from the stack of a P the scan passed (no pool lock),
-		// and then the heap cannot start over now, but must when that
-		// block comes back.
-		p.mayEmpty.Store(true)
-		if c.handedOutBlocks() != 0 {
+		// emptyAny before the scan, not after it: the Store precedes each
+		// P's lockWait in markBlocker, and a cache free decrements
+		// liveBlocks under that P's lock, then loads mayEmpty. Either the
+		// free holds the lock first, and the scan counts its P without
+		// the block, or it takes the lock after the scan of its P
+		// released it, and sees emptyAny or (its P the blocker)
+		// emptyBlocker: a free of a block the scan counted cannot miss
+		// the start-over.
+		//
+		// Once the scan found a blocker, only the free that empties its
+		// P's table looks again: another P's frees cannot leave the pool
+		// empty before that one, and each of them taking the pool's lock
+		// and scanning every P made a 4 KiB alloc+free 9× slower at
+		// GOMAXPROCS 2 (BenchmarkSmallPairsOneHeld). A P the scan passed
+		// may take a block from its stack meanwhile (no pool lock): the
+		// scan after the blocker's free sees it, or, if the block was
+		// taken after that scan passed its P too, the heap does not start
+		// over (the block is allocated in the index), mayEmpty stays at
+		// emptyAny, and that block's free looks again.
+		p.mayEmpty.Store(emptyAny)
+		if c.markBlocker() {
+			p.mayEmpty.Store(emptyBlocker)
 			return
 		}
 		if c.drainLocked(true) != nil {
@@ -937,7 +956,7 @@ func (p *Pool) startOver() {
 		}
 	}
 	if h.startOver() {
-		p.mayEmpty.Store(false)
+		p.mayEmpty.Store(emptyNo)
 		p.logEvent(slog.LevelDebug, "tlsf pool: every block freed; the heap starts over, its pages on standby", slog.Uint64("standby_bytes", h.standby*h.gran))
 	}
 }
@@ -1516,11 +1535,12 @@ func (p *Pool) freeBlock(b tlsf.Block, s device.Stream) error {
 		// cache, or on another stream): take it from its owner's table.
 		// On the default stream the freeing P's cache adopts it; else it
 		// is freed here. In no table, it sits on a stack: freed already.
-		if !p.cache.takeLive(b) {
+		ok, last := p.cache.takeLive(b)
+		if !ok {
 			return fmt.Errorf("%w: %#x", ErrDoubleFree, ptr)
 		}
 		if s == 0 && p.cache.adopt(b) {
-			if p.c.allocations == 0 {
+			if last {
 				p.startOver()
 			}
 			return nil // now cached by this P

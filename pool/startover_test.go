@@ -120,7 +120,7 @@ func onePPool(t *testing.T) (*Pool, testDevice) {
 }
 
 // duringScanOfP0 makes the next scan of the caches by startOver
-// (handedOutBlocks) run f in a new goroutine right after P 0's cache was
+// (markBlocker) run f in a new goroutine right after P 0's cache was
 // scanned, its lock released (testHookScannedP), and wait there until f
 // returned or waiting was closed (nil: never). The returned channel is
 // closed when f returned; started reports whether the scan ran f.
@@ -147,7 +147,7 @@ func duringScanOfP0(t *testing.T, f func(), waiting <-chan struct{}) (done <-cha
 	return d, func() bool { return ran }
 }
 
-// A cache free on a P that startOver's scan of the caches (handedOutBlocks)
+// A cache free on a P that startOver's scan of the caches (markBlocker)
 // has passed, of that P's last handed-out block, still starts the pool
 // over: the scan saw the block live, and the free must see mayEmpty set.
 // The free runs inside the scan, right after P 0's cache was scanned, and
@@ -226,4 +226,62 @@ func TestTrimReturnsStandbyPages(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, p.Free(ptr))
 	checkStep(t, p, d)
+}
+
+// Once startOver's scan found a P holding handed-out blocks (the
+// blocker), the frees that empty another P's table take no pool lock to
+// look for a start-over (testHookLastFree does not run): they cannot
+// leave the pool empty. The blocker's last free does, and starts the pool
+// over. The pool has caches for two Ps, and every goroutine runs on P 0;
+// the held block is moved to P 1's table, as if allocated there.
+func TestOnlyTheBlockersLastFreeLooksForAStartOver(t *testing.T) {
+	prev := runtime.GOMAXPROCS(2)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
+	p := openPool(t, d, Options{})
+	runtime.GOMAXPROCS(1)
+	held, err := p.Alloc(4 * kiB)
+	require.NoError(t, err)
+	moveToP1(t, p, held)
+	checkStep(t, p, d)
+
+	looked := 0
+	testHookLastFree = func() { looked++ }
+	t.Cleanup(func() { testHookLastFree = nil })
+	l, err := p.Alloc(8 * miB)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(l)) // the scan: P 1 is the blocker
+	require.Equal(t, emptyBlocker, p.mayEmpty.Load())
+	require.Zero(t, p.vmm.standby, "held is live: no start-over")
+	for range 100 {
+		s, err := p.Alloc(4 * kiB)
+		require.NoError(t, err)
+		require.NoError(t, p.Free(s)) // empties P 0's table
+	}
+	require.Zero(t, looked, "P 0's frees looked for a start-over")
+	checkStep(t, p, d)
+
+	require.NoError(t, p.Free(held)) // from P 0: the locked path, P 1's table emptied
+	require.Positive(t, p.vmm.standby, "the blocker's last free starts the pool over")
+	require.Equal(t, emptyNo, p.mayEmpty.Load())
+	checkStep(t, p, d)
+}
+
+// moveToP1 moves ptr, a live block handed out by P 0's cache, to P 1's
+// table of handed-out blocks.
+func moveToP1(t *testing.T, p *Pool, ptr uintptr) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b, err := p.x.Lookup(uint64(ptr))
+	require.NoError(t, err)
+	from, to := &p.cache.ps[0], &p.cache.ps[1]
+	v, ok := from.live.Take(uint64(ptr))
+	require.True(t, ok, "handed out by P 0")
+	from.liveBytes -= b.Size
+	from.liveBlocks--
+	to.live.Put(uint64(ptr), v)
+	to.liveBytes += b.Size
+	to.liveBlocks++
+	p.meta[b.ID].owner = 1
 }
