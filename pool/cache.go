@@ -230,6 +230,13 @@ type cacheSet struct {
 	centralBytes  uint64
 	centralBlocks int64
 	refills       int // refills since New, for idleScanEvery
+
+	// batch and addrs are scratch space reused under the pool's lock, so
+	// that refills and sheds allocate no Go memory once they have grown:
+	// a refill's blocks (refillLocked, takeCentral, steal) and the
+	// addresses a shed moves (shed, drainIdle).
+	batch []tlsf.Block
+	addrs []uint64
 }
 
 // cblock is a block on a central list: its address and index block ID.
@@ -453,7 +460,9 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 			p.c.pendingBlocks--
 			p.c.active -= b.Size
 		}
-		batch = append(batch, b)
+		// The batch's scratch space only now: the allocation may have run
+		// the OnOutOfMemory hook with the pool's lock released.
+		batch = append(c.batch[:0], b)
 		for len(batch) < want {
 			nb, err := p.search(r, 0) // existing space only: no growth
 			if err != nil {
@@ -469,6 +478,7 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 		p.notePeaks()
 	}
 	b := batch[0]
+	c.batch = batch[:0] // keep its capacity; the pool's lock stays held below
 	c.updateShare()
 
 	pid = procPin()
@@ -582,7 +592,7 @@ func (c *cacheSet) shed(pid int) {
 	pc := &c.ps[pid]
 	pc.lockWait()
 	target := c.share.Load() / 2
-	var out []uint64
+	out := c.addrs[:0]
 	for class := len(pc.stacks) - 1; class >= 0 && pc.stackBytes > target; class-- {
 		st := pc.stacks[class]
 		if len(st) == 0 {
@@ -600,6 +610,7 @@ func (c *cacheSet) shed(pid int) {
 	}
 	pc.unlock()
 	c.toCentral(out)
+	c.addrs = out[:0]
 }
 
 // toCentral puts blocks that left a cache's stack on the central lists,
@@ -628,24 +639,23 @@ func (c *cacheSet) toCentral(addrs []uint64) {
 			c.centralBlocks--
 			k++
 		}
-		out := l[:k]
-		c.central[class] = append(l[:0:0], l[k:]...)
-		for _, cb := range out {
+		for _, cb := range l[:k] {
 			_ = c.giveBack(cb.addr, true)
 		}
+		c.central[class] = l[:copy(l, l[k:])]
 	}
 }
 
 // takeCentral takes up to n blocks of class (r bytes each) from its
 // central list, the newest first (the most likely still in the GPU's
-// caches). Pool lock held.
+// caches), in c.batch. Pool lock held.
 func (c *cacheSet) takeCentral(class, n int, r uint64) []tlsf.Block {
 	l := c.central[class]
 	k := min(n, len(l))
 	if k == 0 {
 		return nil
 	}
-	out := make([]tlsf.Block, 0, k)
+	out := c.batch[:0]
 	for _, cb := range l[len(l)-k:] {
 		out = append(out, tlsf.Block{Addr: cb.addr, Size: r, ID: cb.id})
 	}
@@ -663,9 +673,10 @@ func (c *cacheSet) takeCentral(class, n int, r uint64) []tlsf.Block {
 // its peak reserved (resnet50 on the simulated H200: 1.0226 at
 // GOMAXPROCS 1, 1.024–1.030 at 4 to 16). It costs one spin lock per P
 // per refill that the central list could not serve, held for an index
-// lookup per block taken. Pool lock held.
+// lookup per block taken. The blocks are returned in c.batch. Pool lock
+// held.
 func (c *cacheSet) steal(self, class, n int, r uint64) []tlsf.Block {
-	var out []tlsf.Block
+	out := c.batch[:0]
 	for i := range c.ps {
 		if i == self || len(out) == n {
 			continue
@@ -699,7 +710,7 @@ func (c *cacheSet) drainIdle(self int) {
 		ops := pc.allocs + pc.frees
 		idle := ops == pc.seen && i != self && pc.stackBlocks > 0
 		pc.seen = ops
-		var out []uint64
+		out := c.addrs[:0]
 		if idle {
 			for class, st := range pc.stacks {
 				out = append(out, st...)
@@ -710,6 +721,7 @@ func (c *cacheSet) drainIdle(self int) {
 		pc.unlock()
 		if len(out) > 0 {
 			c.toCentral(out)
+			c.addrs = out[:0]
 		}
 	}
 }
