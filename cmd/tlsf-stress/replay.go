@@ -318,7 +318,7 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		if sd != nil {
 			simT0 = sd.SimTime()
 		}
-		w, err := ct.Warm(a, max(o.warmRuns, 1), nil)
+		w, err := ct.Warm(a, max(o.warmRuns, 1))
 		if err != nil {
 			return err
 		}

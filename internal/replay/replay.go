@@ -290,14 +290,10 @@ func (c *Compiled) WarmUp(a Allocator, d time.Duration) (int, error) {
 // Warm replays c n times through a (at least once), freeing the blocks
 // each replay leaves live before the next, and reports the median and the
 // minimum of the replays' ns per operation. The caller warms a first
-// (WarmUp) if cold-start cost is not to count. If
-// before is not nil, it runs before each replay, untimed.
-func (c *Compiled) Warm(a Allocator, n int, before func()) (WarmResult, error) {
+// (WarmUp) if cold-start cost is not to count.
+func (c *Compiled) Warm(a Allocator, n int) (WarmResult, error) {
 	var w WarmResult
 	for i := 0; i < max(n, 1); i++ {
-		if before != nil {
-			before()
-		}
 		r, err := c.Run(a)
 		if err != nil {
 			return w, err

@@ -106,7 +106,7 @@ func TestRunSampledSamplesEveryK(t *testing.T) {
 
 func TestWarmMedianAndMin(t *testing.T) {
 	b := &bump{}
-	w, err := Compile(tiny()).Warm(b, MinWarmRuns, nil)
+	w, err := Compile(tiny()).Warm(b, MinWarmRuns)
 	if err != nil {
 		t.Fatal(err)
 	}
