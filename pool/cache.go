@@ -136,8 +136,8 @@ type pcache struct {
 	// seen is allocs+frees at the last idle scan (pool lock).
 	seen uint64
 	// blocker: the last scan for handed-out blocks (markBlocker) found
-	// this P's first, so that with mayEmpty at emptyBlocker only the free
-	// that empties this P's table looks for a start-over.
+	// this P holding some first, so that with mayEmpty at emptyBlocker
+	// only the free that empties this P's table looks for a start-over.
 	blocker bool
 
 	_ [64]byte // keep neighbouring caches off this one's cache lines

@@ -85,8 +85,8 @@ type Pool struct {
 	// growths that take standby pages (takeStandby).
 	lastFree uint64
 	// mayEmpty: the pool's own blocks were all freed while blocks handed
-	// out by the caches were live (emptyNo: not so, or the heap started
-	// over since). A cache free that leaves its P with none of them
+	// out by the caches were live (emptyNo: not so, at New, or the heap
+	// started over since). A cache free that leaves its P with none of them
 	// takes the lock to see whether the pool can start over (startOver):
 	// any P's (emptyAny), or only the blocker's (emptyBlocker, the P
 	// startOver's last scan found holding some: pcache.blocker). A hint
@@ -913,6 +913,12 @@ const (
 // never frees everything (its weights stay live) never starts over and
 // sees no change.
 //
+// Only the pool's own last free starts the search for a start-over; from
+// then on, until the heap started over, the free of the last block a
+// cache handed out does too. A pool that has only served blocks from
+// caches since New or its last start-over does not start over, whichever
+// P frees them.
+//
 // The cost: a compare per free under the lock; where only blocks the
 // caches handed out are live, a check of each P's cache (a spin lock
 // each) then, and again, under the pool's lock, when the P found first
@@ -924,6 +930,10 @@ func (p *Pool) startOver() {
 		return
 	}
 	if h == nil || p.closed || p.c.pendingBlocks != 0 || h.end == h.base || h.holes != 0 || h.nStray != 0 {
+		// No scan now, so no blocker: the one marked may have no block
+		// left (this free may be its last, or RecordStream took it), and
+		// the next free that empties any P's table must look again.
+		p.mayEmpty.CompareAndSwap(emptyBlocker, emptyAny)
 		return
 	}
 	if c := p.cache; c != nil {
@@ -937,8 +947,10 @@ func (p *Pool) startOver() {
 		// the start-over.
 		//
 		// Once the scan found a blocker, only the free that empties its
-		// P's table looks again: another P's frees cannot leave the pool
-		// empty before that one, and each of them taking the pool's lock
+		// P's table looks again (or, if this pool cannot start over then,
+		// the next free that empties any P's: the early return above):
+		// another P's frees cannot leave the pool empty before that one,
+		// and each of them taking the pool's lock
 		// and scanning every P made a 4 KiB alloc+free 9× slower at
 		// GOMAXPROCS 2 (BenchmarkSmallPairsOneHeld). A P the scan passed
 		// may take a block from its stack meanwhile (no pool lock): the

@@ -68,7 +68,9 @@ func (p *Pool) RecordStream(ptr uintptr, s device.Stream) error {
 		// of recorded streams: take it from its owner's table and count it
 		// live in the pool's own counters, as freeBlock does, so that its
 		// free comes here under the lock.
-		// The pool cannot become empty here: the block stays live.
+		// The pool cannot become empty here: the block stays live, in the
+		// pool's own count, and its free under the lock looks for a
+		// start-over (afterLockedFree), as for any block of the pool's.
 		if ok, _ := p.cache.takeLive(b); !ok {
 			return fmt.Errorf("%w: %#x is not a live allocation", ErrUnknownPointer, ptr)
 		}

@@ -235,11 +235,7 @@ func TestTrimReturnsStandbyPages(t *testing.T) {
 // over. The pool has caches for two Ps, and every goroutine runs on P 0;
 // the held block is moved to P 1's table, as if allocated there.
 func TestOnlyTheBlockersLastFreeLooksForAStartOver(t *testing.T) {
-	prev := runtime.GOMAXPROCS(2)
-	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
-	d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
-	p := openPool(t, d, Options{})
-	runtime.GOMAXPROCS(1)
+	p, d, _ := twoPPool(t)
 	held, err := p.Alloc(4 * kiB)
 	require.NoError(t, err)
 	moveToP1(t, p, held)
@@ -265,6 +261,73 @@ func TestOnlyTheBlockersLastFreeLooksForAStartOver(t *testing.T) {
 	require.Positive(t, p.vmm.standby, "the blocker's last free starts the pool over")
 	require.Equal(t, emptyNo, p.mayEmpty.Load())
 	checkStep(t, p, d)
+}
+
+// A blocker that gives its last block up while the pool cannot start over
+// (here RecordStream takes it, and its free leaves it pending on another
+// stream) is forgotten: once nothing is pending, the next free that
+// empties any P's table starts the pool over.
+func TestABlockerLeftEmptyWhileAFreeIsPendingIsForgotten(t *testing.T) {
+	p, d, sd := twoPPool(t)
+	ss := newStreams(t, sd, 1)
+	held, err := p.Alloc(4 * kiB)
+	require.NoError(t, err)
+	moveToP1(t, p, held)
+	l, err := p.Alloc(8 * miB)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(l)) // the scan: P 1 is the blocker
+	require.Equal(t, emptyBlocker, p.mayEmpty.Load())
+	require.NoError(t, p.RecordStream(held, ss[0])) // P 1's table empties
+	require.NoError(t, p.Free(held))                // pending: no start-over yet
+	require.Equal(t, int64(1), p.Stats().PendingBlocks)
+	require.Equal(t, emptyAny, p.mayEmpty.Load())
+	p.mu.Lock()
+	require.NoError(t, p.pollPending(true))
+	p.mu.Unlock()
+	require.Zero(t, p.Stats().PendingBlocks)
+	require.Zero(t, p.vmm.standby)
+
+	s, err := p.Alloc(4 * kiB)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(s)) // P 0's table empties: every block is free
+	require.Positive(t, p.vmm.standby, "the pool starts over")
+	checkStep(t, p, d)
+}
+
+// The blocker's last free that leaves another P holding blocks makes that
+// P the blocker, whose last free then starts the pool over.
+func TestTheBlockersLastFreeHandsTheMarkOn(t *testing.T) {
+	p, d, _ := twoPPool(t)
+	mine, err := p.Alloc(4 * kiB)
+	require.NoError(t, err)
+	held, err := p.Alloc(4 * kiB)
+	require.NoError(t, err)
+	moveToP1(t, p, held)
+	l, err := p.Alloc(8 * miB)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(l))
+	require.True(t, p.cache.ps[0].blocker, "the scan finds P 0 first")
+	require.NoError(t, p.Free(mine)) // P 0's last, lock-free: the scan again
+	require.False(t, p.cache.ps[0].blocker)
+	require.True(t, p.cache.ps[1].blocker)
+	require.Zero(t, p.vmm.standby)
+	require.NoError(t, p.Free(held))
+	require.Positive(t, p.vmm.standby, "the new blocker's last free starts the pool over")
+	checkStep(t, p, d)
+}
+
+// twoPPool returns a VMM pool with caches for two Ps on the simulated
+// device, and sets GOMAXPROCS to 1 for the rest of the test: every
+// goroutine runs on P 0.
+func twoPPool(t *testing.T) (*Pool, testDevice, *sim.Device) {
+	prev := runtime.GOMAXPROCS(2)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	sd := sim.New(sim.Config{Capacity: 16 * giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{})
+	runtime.GOMAXPROCS(1)
+	require.GreaterOrEqual(t, len(p.cache.ps), 2)
+	return p, d, sd
 }
 
 // moveToP1 moves ptr, a live block handed out by P 0's cache, to P 1's
