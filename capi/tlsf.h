@@ -32,7 +32,10 @@
  * work queued on it before the free has completed (the pool records a
  * CUDA event). A stream destroyed without ceasing to be used is detected
  * when a driver call on it fails with an invalid handle; the pool then
- * forgets it and keeps serving.
+ * forgets it and keeps serving. The pool does not validate stream
+ * handles: the driver answers a handle that was never created as it
+ * answers a destroyed one, so a bad stream is treated as destroyed (and a
+ * pool that uses one stream only never names it to the driver at all).
  *
  * Units: sizes are bytes; pointers are CUDA device pointers aligned to at
  * least 256 bytes.
@@ -178,7 +181,10 @@ void tlsf_record_stream(void* ptr, void* stream);
  * pool is made; it replaces TLSF_ALLOC_CONF. conf is key:value pairs
  * separated by commas, e.g. "backend:vmm,max_bytes:40GiB,caches:false".
  * Keys: backend (auto|vmm|chunks|passthrough), device (cuda|sim),
- * sim_capacity (bytes, device:sim only), initial_fraction, grow_fraction,
+ * sim_capacity (bytes, device:sim only; each device ordinal then gets a
+ * GPU of its own whose addresses may equal another's, unlike CUDA's
+ * unified addressing: pass each pointer with its own device),
+ * initial_fraction, grow_fraction,
  * max_fraction (of the device's total memory, less what the share
  * leaves for the process's context: pool.Options.MaxFraction),
  * release_fraction, free_floor_fraction (fractions in [0, 1]), max_bytes

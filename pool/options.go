@@ -95,7 +95,10 @@ type Options struct {
 	MaxFraction float64
 	// MaxBytes caps reserved memory in bytes (default 0: no cap). With
 	// MaxFraction, the smaller cap applies. The cap is checked after the
-	// pool has released what it caches, not before.
+	// pool has released what it caches, not before. A pooled backend's New
+	// refuses a cap below the allocation granularity (no allocation could
+	// succeed); a passthrough pool caps the driver bytes it asked for, so
+	// any cap above 0 admits requests up to it.
 	MaxBytes uint64
 	// ReleaseFraction, when above 0, keeps reserved memory within
 	// (1 + ReleaseFraction) × the peak of the memory in use (live blocks
@@ -152,9 +155,10 @@ type Options struct {
 	NoScavenger bool
 
 	// VirtualSize is the size in bytes of a VMM pool's virtual address
-	// range (default: twice the device's total memory, rounded up to the
-	// granularity). It bounds the pool's address range, used or free: no
-	// single block is larger.
+	// range (default: twice the device's total memory). It is rounded up
+	// to the allocation granularity (so 1 gives one 2 MiB page on the
+	// H200). It bounds the pool's address range, used or free: no single
+	// block is larger. Above tlsf.MaxSize: ErrBadOptions.
 	VirtualSize uint64
 	// SLLog2 is log2 of the index's second-level lists per power of two,
 	// 1 to tlsf.MaxSLLog2 (default 6: 64 lists, so good-fit rounding wastes

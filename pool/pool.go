@@ -273,7 +273,9 @@ func (p *Pool) Alloc(size uint64) (uintptr, error) { return p.AllocOn(size, 0) }
 //
 // Errors: ErrInvalidSize (size 0), ErrTooLarge (above tlsf.MaxSize or a
 // VMM pool's virtual range), ErrOutOfMemory, ErrClosed; device errors
-// other than out-of-memory are returned wrapped.
+// other than out-of-memory are returned wrapped. s is not validated: a
+// handle the driver refuses is taken for a destroyed stream ("Destroyed
+// streams", streams.go).
 func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 	if p.dbg != nil {
 		return p.dbg.alloc(size, s) // guard mode, memory checker (debug.go)
@@ -1459,6 +1461,7 @@ func (p *Pool) Free(ptr uintptr) error { return p.FreeOn(ptr, 0) }
 //
 // Errors: ErrDoubleFree, ErrUnknownPointer (foreign, or inside an
 // allocation), ErrClosed; device errors from recording the free's event.
+// s is not validated, as in AllocOn.
 func (p *Pool) FreeOn(ptr uintptr, s device.Stream) error {
 	if ptr == 0 {
 		return nil // as cuMemFree(0) and cudaFree(NULL)

@@ -32,7 +32,9 @@ type Stats struct {
 	// caches' capacity. They are exact with caches off.
 	Active, ActivePeak uint64
 	// Reserved is the device memory the pool holds: mapped pages (VMM),
-	// chunks, or the driver allocations themselves (passthrough).
+	// chunks, or the driver allocations themselves (passthrough: the
+	// bytes asked of cuMemAlloc or cuMemAllocPitch, so that Allocated,
+	// which counts block sizes, can exceed it).
 	Reserved, ReservedPeak uint64
 	// Cached is the bytes of blocks held by per-P caches, counted neither
 	// as allocated nor as free; CachedBlocks is their number.
@@ -102,7 +104,9 @@ type Stats struct {
 }
 
 // Stats returns a snapshot. It takes the pool's lock and sums the
-// per-P caches' counters.
+// per-P caches' counters. Safe for concurrent use, and on a closed pool,
+// where Reserved is 0 and every other field keeps its value at Close
+// (allocations still live then are still counted in Allocated).
 func (p *Pool) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()

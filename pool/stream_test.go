@@ -287,3 +287,34 @@ func TestADestroyedStreamDoesNotWedgeTrim(t *testing.T) {
 		})
 	}
 }
+
+// A stream handle that was never created is taken for a destroyed stream,
+// as "Destroyed streams" in streams.go documents: AllocOn, RecordStream
+// and FreeOn with it succeed, and the pool stays consistent, in single-
+// and multi-stream mode.
+func TestABogusStreamIsTakenForADestroyedOne(t *testing.T) {
+	const bogus = device.Stream(0x999999)
+	for _, be := range pooledBackends {
+		t.Run(be.String(), func(t *testing.T) {
+			sd := sim.New(sim.Config{Capacity: giB})
+			d := onSim(sd)
+			p := openPool(t, d, Options{Backend: be})
+			x, err := p.AllocOn(streamBlock, bogus) // single-stream: no driver call names it
+			require.NoError(t, err)
+			s, err := sd.StreamCreate()
+			require.NoError(t, err)
+			y, err := p.AllocOn(streamBlock, s) // the second stream: multi-stream mode
+			require.NoError(t, err)
+			require.NoError(t, p.RecordStream(y, bogus))
+			require.NoError(t, p.FreeOn(x, bogus))
+			require.NoError(t, p.FreeOn(y, s))
+			checkStep(t, p, d)
+			require.NoError(t, p.ForgetStream(s))
+			require.NoError(t, sd.StreamDestroy(s))
+			_, err = p.Trim()
+			require.NoError(t, err)
+			require.Zero(t, p.Stats().Allocated)
+			checkStep(t, p, d)
+		})
+	}
+}

@@ -366,6 +366,14 @@ func (ss *streamSet) forget(s device.Stream, reclaim func(addr uint64)) error {
 // went straight to the index in single-stream mode, are reusable at once.
 // Destroying a stream with work still queued on memory being freed is the
 // caller's race, as it would be with cudaFree.
+//
+// Stream handles are not validated. The driver answers a handle that was
+// never created as it answers a destroyed one, so AllocOn, FreeOn and
+// RecordStream with a bogus stream return nil, as for a destroyed stream;
+// a single-stream pool names its stream to no driver call at all. Telling
+// the two apart would take a driver call per new stream, and would turn
+// the free of a block whose stream was destroyed, which succeeds now, into
+// an error.
 
 // streamGone reports whether err, from a driver call naming a stream, says
 // the stream is not a live stream.
