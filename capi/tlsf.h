@@ -30,12 +30,12 @@
  * legacy default stream). Memory freed on a stream may be reused at once
  * by later requests on that stream, and by other streams only after the
  * work queued on it before the free has completed (the pool records a
- * CUDA event). A stream destroyed without ceasing to be used is detected
- * when a driver call on it fails with an invalid handle; the pool then
- * forgets it and keeps serving. The pool does not validate stream
- * handles: the driver answers a handle that was never created as it
- * answers a destroyed one, so a bad stream is treated as destroyed (and a
- * pool that uses one stream only never names it to the driver at all).
+ * CUDA event). Stream handles are not validated. A destroyed or
+ * never-created stream is undefined behaviour to the CUDA driver (on the
+ * H200 with driver 580 its calls crashed the process): stop passing a
+ * stream before destroying it. Where a driver call on such a stream fails
+ * with an invalid handle instead (the simulated device's do), the pool
+ * forgets the stream and keeps serving.
  *
  * Units: sizes are bytes; pointers are CUDA device pointers aligned to at
  * least 256 bytes.
@@ -180,11 +180,12 @@ void tlsf_record_stream(void* ptr, void* stream);
  * tlsf_configure: sets the configuration of every pool, before the first
  * pool is made; it replaces TLSF_ALLOC_CONF. conf is key:value pairs
  * separated by commas, e.g. "backend:vmm,max_bytes:40GiB,caches:false".
- * Keys: backend (auto|vmm|chunks|passthrough), device (cuda|sim),
- * sim_capacity (bytes, device:sim only; each device ordinal then gets a
- * GPU of its own whose addresses may equal another's, unlike CUDA's
- * unified addressing: pass each pointer with its own device),
- * initial_fraction, grow_fraction,
+ * Keys: backend (auto|vmm|chunks|passthrough), device (cuda|sim: with
+ * sim, each device ordinal gets a simulated GPU of its own whose
+ * addresses may equal another's, unlike CUDA's unified addressing, so
+ * pass each pointer with its own device; tlsf_record_stream, which takes
+ * no device, acts on the lowest ordinal holding the pointer live),
+ * sim_capacity (bytes, device:sim only), initial_fraction, grow_fraction,
  * max_fraction (of the device's total memory, less what the share
  * leaves for the process's context: pool.Options.MaxFraction),
  * release_fraction, free_floor_fraction (fractions in [0, 1]), max_bytes

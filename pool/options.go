@@ -97,8 +97,9 @@ type Options struct {
 	// MaxFraction, the smaller cap applies. The cap is checked after the
 	// pool has released what it caches, not before. A pooled backend's New
 	// refuses a cap below the allocation granularity (no allocation could
-	// succeed); a passthrough pool caps the driver bytes it asked for, so
-	// any cap above 0 admits requests up to it.
+	// succeed); a passthrough pool caps the driver allocations' sizes
+	// (AllocPitch: pitch × height), so any cap above 0 admits an Alloc up
+	// to it.
 	MaxBytes uint64
 	// ReleaseFraction, when above 0, keeps reserved memory within
 	// (1 + ReleaseFraction) × the peak of the memory in use (live blocks

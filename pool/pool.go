@@ -274,8 +274,8 @@ func (p *Pool) Alloc(size uint64) (uintptr, error) { return p.AllocOn(size, 0) }
 // Errors: ErrInvalidSize (size 0), ErrTooLarge (above tlsf.MaxSize or a
 // VMM pool's virtual range), ErrOutOfMemory, ErrClosed; device errors
 // other than out-of-memory are returned wrapped. s is not validated: a
-// handle the driver refuses is taken for a destroyed stream ("Destroyed
-// streams", streams.go).
+// destroyed or never-created stream is undefined behaviour to the driver
+// ("Destroyed streams", streams.go).
 func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 	if p.dbg != nil {
 		return p.dbg.alloc(size, s) // guard mode, memory checker (debug.go)
@@ -1830,10 +1830,11 @@ func (p *Pool) noteReleased(n uint64) {
 // stream, and forgets s. Call it before destroying a stream used with
 // AllocOn or FreeOn: the pool synchronizes the streams it knows before it
 // returns memory to the driver, and a destroyed stream cannot be
-// synchronized. (A stream destroyed without it is dropped when a driver
-// call finds it dead, but work still queued on it then goes unordered:
-// see "Destroyed streams" in streams.go.) Forgetting a stream the pool
-// does not know, or one dropped already, does nothing.
+// synchronized. (A stream destroyed without it is undefined behaviour to
+// the CUDA driver, which may crash; where a driver call reports it dead
+// instead, the pool drops it, but work still queued on it then goes
+// unordered: see "Destroyed streams" in streams.go.) Forgetting a
+// stream the pool does not know, or one dropped already, does nothing.
 // Errors: ErrClosed, device errors (nothing changed).
 func (p *Pool) ForgetStream(s device.Stream) error {
 	p.mu.Lock()

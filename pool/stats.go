@@ -32,8 +32,8 @@ type Stats struct {
 	// caches' capacity. They are exact with caches off.
 	Active, ActivePeak uint64
 	// Reserved is the device memory the pool holds: mapped pages (VMM),
-	// chunks, or the driver allocations themselves (passthrough: the
-	// bytes asked of cuMemAlloc or cuMemAllocPitch, so that Allocated,
+	// chunks, or the driver allocations themselves (passthrough: their
+	// sizes, pitch × height for a pitch allocation, so that Allocated,
 	// which counts block sizes, can exceed it).
 	Reserved, ReservedPeak uint64
 	// Cached is the bytes of blocks held by per-P caches, counted neither
@@ -104,9 +104,12 @@ type Stats struct {
 }
 
 // Stats returns a snapshot. It takes the pool's lock and sums the
-// per-P caches' counters. Safe for concurrent use, and on a closed pool,
-// where Reserved is 0 and every other field keeps its value at Close
-// (allocations still live then are still counted in Allocated).
+// per-P caches' counters. Safe for concurrent use, and on a closed pool:
+// Close drained the caches and the pending frees first, so Cached and
+// Pending are 0 and the index's free figures count their blocks as free;
+// Allocated still counts the blocks live at Close that the pool itself
+// served (not those the caches handed out); Reserved is 0 unless Close
+// returned a device error; DeviceCalls includes Close's own calls.
 func (p *Pool) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -288,10 +288,12 @@ func TestADestroyedStreamDoesNotWedgeTrim(t *testing.T) {
 	}
 }
 
-// A stream handle that was never created is taken for a destroyed stream,
-// as "Destroyed streams" in streams.go documents: AllocOn, RecordStream
-// and FreeOn with it succeed, and the pool stays consistent, in single-
-// and multi-stream mode.
+// On the simulated device, a stream handle that was never created is
+// taken for a destroyed stream, as "Destroyed streams" in streams.go
+// documents: AllocOn, RecordStream and FreeOn with it succeed, and the
+// pool stays consistent, in single- and multi-stream mode. Where the
+// pool must order work on it first (a second stream joining after frees
+// on the first), AllocOn fails and changes nothing.
 func TestABogusStreamIsTakenForADestroyedOne(t *testing.T) {
 	const bogus = device.Stream(0x999999)
 	for _, be := range pooledBackends {
@@ -315,6 +317,18 @@ func TestABogusStreamIsTakenForADestroyedOne(t *testing.T) {
 			require.NoError(t, err)
 			require.Zero(t, p.Stats().Allocated)
 			checkStep(t, p, d)
+
+			q := openPool(t, d, Options{Backend: be})
+			z, err := q.Alloc(streamBlock)
+			require.NoError(t, err)
+			require.NoError(t, q.Free(z)) // the default stream is dirty
+			before := q.Stats()
+			_, err = q.AllocOn(streamBlock, bogus) // cuStreamWaitEvent on it fails
+			require.ErrorIs(t, err, device.ErrInvalidValue)
+			after := q.Stats()
+			before.DeviceCalls, before.DeviceCallsByPath = after.DeviceCalls, after.DeviceCallsByPath
+			require.Equal(t, before, after)
+			checkStep(t, q, d)
 		})
 	}
 }

@@ -353,27 +353,33 @@ func (ss *streamSet) forget(s device.Stream, reclaim func(addr uint64)) error {
 
 // Destroyed streams.
 //
-// A stream destroyed without ForgetStream (a framework that creates and
-// destroys streams, or simply forgets) is found when a driver call on it
-// fails with an invalid handle: cuEventRecord or cuStreamSynchronize
-// answer CUDA_ERROR_INVALID_HANDLE (device.ErrInvalidValue), as the
-// simulated device answers for a stream that is not live. The pool then
-// drops the stream's state and keeps serving, where it used to fail every
-// later registration, Trim and Close. What it cannot do is order reuse
-// after work still queued on the dead stream (cuStreamDestroy returns at
-// once and lets that work finish): blocks of batches sealed with an event
-// wait for the event; blocks freed after the last event, and frees that
-// went straight to the index in single-stream mode, are reusable at once.
-// Destroying a stream with work still queued on memory being freed is the
-// caller's race, as it would be with cudaFree.
+// To the CUDA driver, a stream handle used after cuStreamDestroy is
+// undefined behaviour: on the H200 (driver 580, 2026-12-03)
+// cuStreamSynchronize, cuEventRecord and cuStreamWaitEvent on a destroyed
+// stream, or on a handle that was never created, crashed the process.
+// Call ForgetStream before destroying a stream the pool has seen. What
+// follows is the pool's answer where a driver call on such a stream fails
+// instead with an invalid handle (device.ErrInvalidValue), as the
+// simulated device's calls do for a stream that is not live.
 //
-// Stream handles are not validated. The driver answers a handle that was
-// never created as it answers a destroyed one, so AllocOn, FreeOn and
-// RecordStream with a bogus stream return nil, as for a destroyed stream;
-// a single-stream pool names its stream to no driver call at all. Telling
-// the two apart would take a driver call per new stream, and would turn
-// the free of a block whose stream was destroyed, which succeeds now, into
-// an error.
+// A stream destroyed without ForgetStream is then found when a driver
+// call on it fails: the pool drops the stream's state and keeps serving,
+// where it used to fail every later registration, Trim and Close. What it
+// cannot do is order reuse after work still queued on the dead stream
+// (cuStreamDestroy returns at once and lets that work finish): blocks of
+// batches sealed with an event wait for the event; blocks freed after the
+// last event, and frees that went straight to the index in single-stream
+// mode, are reusable at once. Destroying a stream with work still queued
+// on memory being freed is the caller's race, as it would be with
+// cudaFree.
+//
+// Stream handles are not validated: that would take a driver call per new
+// stream, and the driver's answer for a bad handle may be a crash. On the
+// simulated device a handle that was never created fails as a destroyed
+// one does, so it is mostly taken for one (AllocOn, FreeOn and
+// RecordStream return nil); a call that must order work on it first
+// (AllocOn's cuStreamWaitEvent when a second stream joins) returns the
+// error instead.
 
 // streamGone reports whether err, from a driver call naming a stream, says
 // the stream is not a live stream.
