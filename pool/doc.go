@@ -165,10 +165,7 @@
 // the GPU. RecordStream marks a block as used by another stream too, as
 // PyTorch's Tensor.record_stream: its free then waits for events on every
 // recorded stream (record.go). Call ForgetStream before destroying a
-// stream: to the CUDA driver a destroyed stream is undefined behaviour
-// (on the H200 its calls crashed the process); where a driver call
-// reports it dead instead, as the simulated device's do, the pool drops
-// it and keeps serving.
+// stream: see "Destroyed streams" in streams.go.
 //
 // # Watching a pool
 //

@@ -1830,10 +1830,7 @@ func (p *Pool) noteReleased(n uint64) {
 // stream, and forgets s. Call it before destroying a stream used with
 // AllocOn or FreeOn: the pool synchronizes the streams it knows before it
 // returns memory to the driver, and a destroyed stream cannot be
-// synchronized. (A stream destroyed without it is undefined behaviour to
-// the CUDA driver, which may crash; where a driver call reports it dead
-// instead, the pool drops it, but work still queued on it then goes
-// unordered: see "Destroyed streams" in streams.go.) Forgetting a
+// synchronized (see "Destroyed streams" in streams.go). Forgetting a
 // stream the pool does not know, or one dropped already, does nothing.
 // Errors: ErrClosed, device errors (nothing changed).
 func (p *Pool) ForgetStream(s device.Stream) error {
