@@ -162,7 +162,7 @@ func (a *indexAllocator) Alloc(size, _ uint64) (uintptr, error) {
 	return uintptr(b.Addr), err
 }
 
-func (a *indexAllocator) Free(ptr uintptr, _ uint64) error {
+func (a *indexAllocator) Free(ptr uintptr, _, _ uint64) error {
 	if a.locked {
 		a.mu.Lock()
 		defer a.mu.Unlock()

@@ -60,7 +60,7 @@ func tlsfgo_free(ptr C.uintptr_t, size C.size_t, dev C.int, stream C.uintptr_t) 
 		err = fmt.Errorf("%w: device %d has no pool", pool.ErrUnknownPointer, int(dev))
 	}
 	if err == nil {
-		if err = p.FreeOn(uintptr(ptr), device.Stream(stream)); err == nil {
+		if err = p.FreeSizedOn(uintptr(ptr), uint64(size), device.Stream(stream)); err == nil {
 			return
 		}
 	}

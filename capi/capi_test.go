@@ -55,6 +55,7 @@ func TestManyThreads(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(id), 1))
 			dev := id % 2
 			var live []uintptr
+			var sizes []uint64
 			for round := range rounds {
 				if len(live) < 32 && r.IntN(3) > 0 {
 					size := uint64(1 + r.IntN(4<<20))
@@ -64,18 +65,22 @@ func TestManyThreads(t *testing.T) {
 						return
 					}
 					live = append(live, ptr)
+					sizes = append(sizes, size)
 				} else if len(live) > 0 {
 					i := r.IntN(len(live))
-					callFree(live[i], 0, dev, 0)
+					// The size is a hint: the request's, unknown, or wrong.
+					hint := [3]uint64{sizes[i], 0, uint64(r.IntN(8 << 20))}[r.IntN(3)]
+					callFree(live[i], hint, dev, 0)
 					if msg := lastError(); msg != "" {
 						errs <- fmt.Errorf("thread %d: tlsf_free: %q", id, msg)
 						return
 					}
 					live = append(live[:i], live[i+1:]...)
+					sizes = append(sizes[:i], sizes[i+1:]...)
 				}
 				if round%37 == 0 {
-					bad := uintptr(0x11 + id) // unaligned: never a block, never another thread's
-					callFree(bad, 0, dev, 0)
+					bad := uintptr(0x11 + id)                     // unaligned: never a block, never another thread's
+					callFree(bad, uint64(r.IntN(2))*4096, dev, 0) // with or without a size
 					want := fmt.Sprintf("%#x", bad)
 					runtime.Gosched() // let other threads fail and succeed meanwhile
 					if msg := lastError(); !contains(msg, want) || !contains(msg, "unknown pointer") {

@@ -127,8 +127,10 @@ void* tlsf_malloc(size_t size, int device, void* stream);
 
 /*
  * tlsf_free: frees ptr, returned by tlsf_malloc for `device`, whose last
- * use is queued on `stream` (or done). size is the size asked for; it is
- * not needed and not checked. NULL does nothing.
+ * use is queued on `stream` (or done). size is the size asked for, as
+ * PyTorch passes it: a hint that lets a large block's free skip the
+ * per-thread caches (Go's Pool.FreeSizedOn); 0 (unknown) or any other
+ * size frees the block all the same. NULL does nothing.
  * Failure (see tlsf_last_error): a pointer freed already, one the pool
  * never returned or the interior of an allocation, a bad device ordinal.
  * The pool is unchanged: nothing is freed twice.

@@ -60,6 +60,9 @@ func parseBackends(list []string) ([]string, error) {
 type allocator interface {
 	AllocOn(size uint64, s device.Stream) (uintptr, error)
 	FreeOn(ptr uintptr, s device.Stream) error
+	// FreeSizedOn is FreeOn given the size the allocation asked for, as
+	// PyTorch's free passes it (pool.Pool.FreeSizedOn).
+	FreeSizedOn(ptr uintptr, size uint64, s device.Stream) error
 	// reserved is the device memory held now, in bytes; it may take a
 	// lock or make a driver call that calls() does not count.
 	reserved() (uint64, error)
@@ -216,6 +219,11 @@ func (a *asyncAlloc) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 func (a *asyncAlloc) FreeOn(ptr uintptr, s device.Stream) error {
 	a.n[device.CallMemFreeAsync].Add(1)
 	return a.a.MemFreeAsync(ptr, s)
+}
+
+// FreeSizedOn is FreeOn: cuMemFreeAsync takes no size.
+func (a *asyncAlloc) FreeSizedOn(ptr uintptr, _ uint64, s device.Stream) error {
+	return a.FreeOn(ptr, s)
 }
 
 func (a *asyncAlloc) reserved() (uint64, error) {

@@ -408,11 +408,11 @@ func (a replayAllocator) Alloc(size, stream uint64) (uintptr, error) {
 	return a.AllocOn(size, a.streams[stream])
 }
 
-func (a replayAllocator) Free(ptr uintptr, stream uint64) error {
+func (a replayAllocator) Free(ptr uintptr, size, stream uint64) error {
 	if stream == 0 {
-		return a.FreeOn(ptr, 0)
+		return a.FreeSizedOn(ptr, size, 0)
 	}
-	return a.FreeOn(ptr, a.streams[stream])
+	return a.FreeSizedOn(ptr, size, a.streams[stream])
 }
 
 // withAllocator makes backend be on dev with a device stream for each

@@ -66,3 +66,27 @@ func TestReservedKeyIsNeverFound(t *testing.T) {
 		t.Fatal("the map changed")
 	}
 }
+
+// A table that grows past sparseLog2 slots, where its load factor bound
+// changes from 1/8 to 1/2, keeps every entry, and empties.
+func TestGrowingPastTheSparseBound(t *testing.T) {
+	m := New(8)
+	const n = 1<<(sparseLog2-1) + 1000 // more than 1/8 of 2^sparseLog2 slots
+	for i := range uint64(n) {
+		m.Put(i<<8, i)
+		if m.Len() > m.maxLoad() {
+			t.Fatalf("%d entries in %d slots, above the bound %d", m.Len(), len(m.slots), m.maxLoad())
+		}
+	}
+	if len(m.slots) < 1<<sparseLog2 || len(m.slots) > 1<<(sparseLog2+1) {
+		t.Fatalf("%d slots for %d entries", len(m.slots), n)
+	}
+	for i := range uint64(n) {
+		if v, ok := m.Take(i << 8); !ok || v != i {
+			t.Fatalf("take %#x: %d %v", i<<8, v, ok)
+		}
+	}
+	if m.Len() != 0 {
+		t.Fatalf("%d entries left", m.Len())
+	}
+}

@@ -21,10 +21,11 @@ func (a Pool) Alloc(size, stream uint64) (uintptr, error) {
 	return a.P.AllocOn(size, a.Streams[stream])
 }
 
-// Free frees on the stream mapped from the trace's.
-func (a Pool) Free(ptr uintptr, stream uint64) error {
+// Free frees on the stream mapped from the trace's, with the size
+// (pool.Pool.FreeSizedOn), as PyTorch's pluggable allocator frees.
+func (a Pool) Free(ptr uintptr, size, stream uint64) error {
 	if stream == 0 {
-		return a.P.Free(ptr)
+		return a.P.FreeSized(ptr, size)
 	}
-	return a.P.FreeOn(ptr, a.Streams[stream])
+	return a.P.FreeSizedOn(ptr, size, a.Streams[stream])
 }

@@ -36,10 +36,12 @@ import (
 )
 
 // Allocator is what a replay drives: allocate size bytes on a stream, and
-// free a pointer on a stream. Stream values are the trace's.
+// free a pointer on a stream, given the size its allocation asked for (as
+// PyTorch's pluggable allocator's free is). Stream values are the
+// trace's.
 type Allocator interface {
 	Alloc(size, stream uint64) (uintptr, error)
-	Free(ptr uintptr, stream uint64) error
+	Free(ptr uintptr, size, stream uint64) error
 }
 
 // Result is the outcome of one replay.
@@ -54,9 +56,11 @@ type Result struct {
 	Left []Left
 }
 
-// Left is a block a replay left live: its pointer and trace stream.
+// Left is a block a replay left live: its pointer, the size its
+// allocation asked for, and its trace stream.
 type Left struct {
 	Ptr    uintptr
+	Size   uint64
 	Stream uint64
 }
 
@@ -64,7 +68,7 @@ type Left struct {
 // replay the trace again from the same state (a warm replay).
 func (r *Result) FreeLeft(a Allocator) error {
 	for _, l := range r.Left {
-		if err := a.Free(l.Ptr, l.Stream); err != nil {
+		if err := a.Free(l.Ptr, l.Size, l.Stream); err != nil {
 			return fmt.Errorf("replay: freeing a block left live: %w", err)
 		}
 	}
@@ -87,9 +91,9 @@ type Compiled struct {
 	Name  string
 	Ops   []COp
 	Slots int // slots in use at most: the trace's peak of live blocks
-	// lastStream is, by slot, the stream of the last allocation into it:
-	// that of a block left live at the end.
-	lastStream []uint64
+	// last is, by slot, the size and stream of the last allocation into
+	// it: those of a block left live at the end.
+	last []COp
 }
 
 // COp is one compiled operation: an allocation of Size bytes on Stream
@@ -118,11 +122,12 @@ func Compile(t *trace.Trace) *Compiled {
 				c.Slots++
 			}
 			slot[op.ID] = s
-			if int(s) == len(c.lastStream) {
-				c.lastStream = append(c.lastStream, 0)
+			cop := COp{Size: op.Size, Stream: op.Stream, Slot: s}
+			if int(s) == len(c.last) {
+				c.last = append(c.last, cop)
 			}
-			c.lastStream[s] = op.Stream
-			c.Ops = append(c.Ops, COp{Size: op.Size, Stream: op.Stream, Slot: s})
+			c.last[s] = cop
+			c.Ops = append(c.Ops, cop)
 			continue
 		}
 		s, ok := slot[op.ID]
@@ -184,7 +189,7 @@ func (c *Compiled) RunSampled(a Allocator, every int, sample func(op int, live u
 	}
 	for s, l := range live {
 		if l {
-			res.Left = append(res.Left, Left{Ptr: ptrs[s], Stream: c.lastStream[s]})
+			res.Left = append(res.Left, Left{Ptr: ptrs[s], Size: c.last[s].Size, Stream: c.last[s].Stream})
 		}
 	}
 	slices.SortFunc(res.Left, func(x, y Left) int { return cmp.Compare(x.Ptr, y.Ptr) })
@@ -221,7 +226,7 @@ func (c *Compiled) loopRange(a Allocator, from, to int, ptrs []uintptr, live []b
 			continue // its allocation failed
 		}
 		live[s] = false
-		if err := a.Free(ptrs[s], op.Stream); err != nil {
+		if err := a.Free(ptrs[s], op.Size, op.Stream); err != nil {
 			return fmt.Errorf("replay %s: op %d: free of slot %d: %w", c.Name, from+i, s, err)
 		}
 		*cur -= op.Size

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,11 +10,12 @@ import (
 )
 
 // bump is an allocator that never reuses an address and fails requests
-// above limit bytes: enough to see what the replay loop does.
+// above limit bytes: enough to see what the replay loop does. A free must
+// come with its allocation's size and stream.
 type bump struct {
 	next  uintptr
 	limit uint64
-	live  map[uintptr]uint64
+	live  map[uintptr][2]uint64 // size, stream
 	frees int
 }
 
@@ -25,16 +27,15 @@ func (b *bump) Alloc(size, stream uint64) (uintptr, error) {
 	}
 	b.next += 256
 	if b.live == nil {
-		b.live = map[uintptr]uint64{}
+		b.live = map[uintptr][2]uint64{}
 	}
-	b.live[b.next] = stream
+	b.live[b.next] = [2]uint64{size, stream}
 	return b.next, nil
 }
 
-func (b *bump) Free(ptr uintptr, stream uint64) error {
-	s, ok := b.live[ptr]
-	if !ok || s != stream {
-		return errors.New("bad free")
+func (b *bump) Free(ptr uintptr, size, stream uint64) error {
+	if s, ok := b.live[ptr]; !ok || s != [2]uint64{size, stream} {
+		return fmt.Errorf("bad free of %#x: %d bytes on stream %d, allocated as %v", ptr, size, stream, s)
 	}
 	delete(b.live, ptr)
 	b.frees++
@@ -71,8 +72,8 @@ func TestRunCountsAndLeavesLive(t *testing.T) {
 	if r.Ops != 6 || r.Failed != 0 || r.PeakLive != 5300 {
 		t.Fatalf("ops %d failed %d peak %d, want 6 0 5300", r.Ops, r.Failed, r.PeakLive)
 	}
-	if len(r.Left) != 2 || r.Left[0].Stream != 0 || r.Left[1].Stream != 2 {
-		t.Fatalf("left %+v, want blocks 11 (stream 0) and 12 (stream 2)", r.Left)
+	if len(r.Left) != 2 || r.Left[0] != (Left{Ptr: r.Left[0].Ptr, Size: 300}) || r.Left[1] != (Left{Ptr: r.Left[1].Ptr, Size: 200, Stream: 2}) {
+		t.Fatalf("left %+v, want blocks 11 (300 bytes, stream 0) and 12 (200 bytes, stream 2)", r.Left)
 	}
 	if err := r.FreeLeft(b); err != nil || len(b.live) != 0 {
 		t.Fatalf("FreeLeft: %v, %d still live", err, len(b.live))
