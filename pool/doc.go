@@ -12,9 +12,11 @@
 //     default) on the default stream, without the pool's lock; an empty
 //     cache refills from central per-class lists of blocks other Ps shed
 //     (mcentral) before the index, and blocks cached by other Ps go back
-//     to the index before the heap grows; a free probes a filter of the
-//     addresses caches ever handed out, and a sized free (FreeSizedOn,
-//     tlsf_free with PyTorch's size) of a large block skips it;
+//     to the index before the heap grows; a free first checks a VMM
+//     pool's filter of the 64 KiB granules where a cached block ever
+//     started (a chunk pool probes the P's table), which a sized free
+//     (FreeSizedOn; tlsf_free with PyTorch's size) skips: a large size
+//     goes to the lock, a small one to the P's table;
 //  2. the TLSF index (package tlsf), under the pool's lock: best fit
 //     within the request's own second-level list (tlsf.Index.AllocFit,
 //     at most tlsf.FitScan blocks read), else the O(1) good fit of TLSF

@@ -3,7 +3,8 @@ package pool
 // FreeSized and FreeSizedOn: the size is a hint. The right size, no size
 // and a wrong size all free the block once, with the same statistics, in
 // every backend, caches on and off; a second free of a block is a double
-// free whatever the size; blocks cached on another P are found.
+// free whatever the size. (Blocks cached on another P, freed with a wrong
+// size: TestAFreeOnAnotherPIsAdopted.)
 
 import (
 	"errors"
@@ -68,31 +69,4 @@ func TestASizedFreeTrustsNoSize(t *testing.T) {
 			}
 		}
 	}
-}
-
-// A block a cache handed out on one goroutine and freed, with a size
-// above the caches' filter, on another goroutine: the locked path finds it
-// cached and the freeing P adopts it, as an unsized free does.
-func TestASizedFreeWithAWrongSizeFindsACachedBlock(t *testing.T) {
-	sd := sim.New(sim.Config{Capacity: giB})
-	p := openPool(t, onSim(sd), Options{})
-	const n = 64
-	ptrs := make(chan uintptr, n)
-	go func() {
-		for range n {
-			ptr, err := p.Alloc(4 * kiB)
-			if err != nil {
-				t.Error(err)
-			}
-			ptrs <- ptr
-		}
-		close(ptrs)
-	}()
-	for ptr := range ptrs {
-		require.NoError(t, p.FreeSizedOn(ptr, 1*miB, 0))
-	}
-	checkStep(t, p, onSim(sd))
-	st := p.Stats()
-	require.Zero(t, st.Allocations)
-	require.Equal(t, uint64(n), st.Frees)
 }

@@ -345,3 +345,13 @@ func TestStressCountsFailuresWithinTheShare(t *testing.T) {
 	assert.Equal(t, int64(1), rep.OOMsWithin)
 	assert.Zero(t, rep.OOMsStill, "above the margin by the time it returned")
 }
+
+// FreeSizedOn is FreeOn for the wrappers above: the embedded allocator's
+// would bypass their FreeOn.
+func (a *overlapAlloc) FreeSizedOn(ptr uintptr, _ uint64, s device.Stream) error {
+	return a.FreeOn(ptr, s)
+}
+
+func (a *leakyAlloc) FreeSizedOn(ptr uintptr, _ uint64, s device.Stream) error {
+	return a.FreeOn(ptr, s)
+}

@@ -71,11 +71,21 @@ func TestReservedKeyIsNeverFound(t *testing.T) {
 // changes from 1/8 to 1/2, keeps every entry, and empties.
 func TestGrowingPastTheSparseBound(t *testing.T) {
 	m := New(8)
-	const n = 1<<(sparseLog2-1) + 1000 // more than 1/8 of 2^sparseLog2 slots
+	const n = 1<<(sparseLog2-1) + 1000 // more than half of 2^sparseLog2 slots
 	for i := range uint64(n) {
 		m.Put(i<<8, i)
 		if m.Len() > m.maxLoad() {
 			t.Fatalf("%d entries in %d slots, above the bound %d", m.Len(), len(m.slots), m.maxLoad())
+		}
+		switch m.Len() {
+		case 1 << (sparseLog2 - 4): // the most a sparse table holds: 1/8 of 2^(sparseLog2-1)
+			if len(m.slots) != 1<<(sparseLog2-1) {
+				t.Fatalf("%d entries in %d slots, want %d", m.Len(), len(m.slots), 1<<(sparseLog2-1))
+			}
+		case 1<<(sparseLog2-4) + 1, 1 << (sparseLog2 - 1): // then up to half of 2^sparseLog2
+			if len(m.slots) != 1<<sparseLog2 {
+				t.Fatalf("%d entries in %d slots, want %d", m.Len(), len(m.slots), 1<<sparseLog2)
+			}
 		}
 	}
 	if len(m.slots) < 1<<sparseLog2 || len(m.slots) > 1<<(sparseLog2+1) {
