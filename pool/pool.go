@@ -1167,6 +1167,21 @@ const (
 // with 256. With two goroutines (a 2-core machine's default) a process
 // fails a quarter as many requests, gathers memory more often, and 1024
 // makes more calls than 256 (1.75 against 1.33 at K = 2).
+//
+// On the H200 (2026-12-04, seeds 30 to 35, K = 2 and 4, medians over the
+// processes; bench/multi/h200/2026-12-04) with two goroutines per
+// process: 1.64 and 1.59 calls per operation, 1.24 and 1.17 of them
+// cuMemMap, nearly all moving spares to where a request within 90% of
+// the cap goes (a move costs a cuMemMap per handle). A 512th of the cap
+// made 1.19 and 1.10, and handles of up to an eighth of the block they
+// are made for (at least a 1024th of the cap) 1.25 and 0.98; but with 16
+// goroutines, as many operations per second fell by 13% and 14% (a
+// 512th) and 12% and 24% (an eighth) from 4,821 and 4,151, at 0.47–0.58
+// calls per operation against 0.50: larger handles fit fewer holes, so
+// more spares are released and created again, and the out-of-memory path
+// moves memory more often, each move waiting for the streams first
+// (cuStreamSynchronize 390 and 416 against 304 per process at K = 2).
+// A 1024th stays.
 const sharedHandleDivisor = 1024
 
 // declaredShareFraction and declaredShareHandleDivisor: a MaxFraction of
