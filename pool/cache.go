@@ -37,19 +37,24 @@ import (
 //   - a refill the central list cannot serve takes blocks of its class
 //     from other Ps' stacks (steal) before it cuts the index: a goroutine
 //     that moved to another P finds the blocks it freed on the old one;
-//   - every idleScanEvery refills, the pool drains onto the central lists
-//     the caches of Ps that neither allocated nor freed since the last
-//     scan (a P that stopped allocating);
-//   - before the heap grows (allocMiss), the central lists and the caches
-//     of Ps not active since the last scan are drained into the index and
-//     the index searched again (reclaimOthers).
+//   - every idleScanEvery refills, the refilling P adopts the caches of
+//     Ps that neither allocated nor freed since the last scan (a P that
+//     stopped allocating, perhaps because its goroutine moved to this
+//     one), its share bounding them as its own blocks;
+//   - before the heap grows (allocMiss), the current P adopts the caches
+//     of Ps not active since the last scan, the central lists are
+//     drained into the index, and the index is searched again
+//     (reclaimOthers).
 //
 // Measured on the simulated H200 (peak reserved over peak live, ten runs
 // each): lstm 1.1418 and tdnn 1.1823 in every run at GOMAXPROCS 1, 2, 4
 // and 16; resnet50 1.0226 at GOMAXPROCS 1 and 2 and in 5 of 10 runs at
 // 16 (1.0215–1.025 in the others), against 1.023–1.033 and one lstm run in
 // ten at 1.27–1.35 before the steal and reclaimOthers' rule. What still differs is how blocks split between two Ps' stacks
-// after a migration, and so when each sheds.
+// after a migration until the next scan, and so when each sheds. A
+// refill from the central lists or another P's stack hands out the newest
+// block first and leaves the next newest on top of the stack, as the
+// stack they came from would have served them.
 //
 // A goroutine finds its P's cache with runtime.procPin, which also keeps
 // it on that P (no preemption) until procUnpin: the same mechanism
@@ -234,8 +239,17 @@ type cacheSet struct {
 	// batch and addrs are scratch space reused under the pool's lock, so
 	// that refills and sheds allocate no Go memory once they have grown:
 	// a refill's blocks (refillLocked, takeCentral, steal) and the
-	// addresses a shed moves (shed, drainIdle).
-	batch []tlsf.Block
+	// addresses a shed moves (shed, drainIdle); adopted, the stacks
+	// adoptIdle moves (their addresses are copied: they join the
+	// adopter's).
+	batch   []tlsf.Block
+	addrs   []uint64
+	adopted []adoptedStack
+}
+
+// adoptedStack is one class's stack of an idle cache that adoptIdle moves.
+type adoptedStack struct {
+	class int
 	addrs []uint64
 }
 
@@ -443,6 +457,11 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 	c.refills++
 	if c.refills%idleScanEvery == 0 {
 		c.drainIdle(pid)
+		// An idle cache adopted may hold the class: its newest block
+		// first, as that cache would have served it.
+		if ptr, ok := c.alloc(size); ok {
+			return ptr, nil
+		}
 	}
 	want := int(min(max(refillBytes/r, 1), maxRefill))
 	batch := c.takeCentral(class, want, r)
@@ -518,24 +537,47 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 	return uintptr(b.Addr), nil
 }
 
-// reclaimOthers gives the index back every block on the central lists
-// and on the stacks of every P's cache but the current one's and those of
-// Ps that allocated or freed since the last idle scan, and reports
-// whether it gave any (c may be nil: caches off). Those caches are left
-// alone: their blocks are where their next requests go, and emptying
-// them would only move them to new places. Keeping every recently active
-// P's cache, not only the current one's, makes the outcome the same
-// whether a goroutine stayed on its P or moved to another since the scan
-// (which its blocks then still sit on): lstm on the simulated H200 peaked
-// at 1.142 × live, and at 1.27 or 1.35 in about one run in ten at
-// GOMAXPROCS 16, when only the current P's cache was kept. Pool lock
-// held.
+// reclaimOthers gives the current P's cache the stacks of the caches of
+// Ps that neither allocated nor freed since the last idle scan
+// (adoptIdle; beyond its share, it sheds the oldest), then gives the
+// index back every block on the central lists, and reports whether it
+// gave any (c may be nil: caches off). The caches of the current P and
+// of Ps active since the scan are left alone: their blocks are where
+// their next requests go, and emptying them would only move them to new
+// places. Keeping every recently active P's cache, not only the current
+// one's, makes the outcome the same whether a goroutine stayed on its P
+// or moved to another since the scan (which its blocks then still sit
+// on): lstm on the simulated H200 peaked at 1.142 × live, and at 1.27 or
+// 1.35 in about one run in ten at GOMAXPROCS 16, when only the current
+// P's cache was kept; and adopting the idle ones, rather than giving
+// their blocks to the index, makes it the same for a goroutine that
+// moved before the scan (adoptIdle has the figures). Where the current P
+// has no cache (GOMAXPROCS grew after New), the idle caches' blocks go
+// back to the index. Pool lock held.
 func (c *cacheSet) reclaimOthers() bool {
 	if c == nil {
 		return false
 	}
 	self := procPin()
 	procUnpin()
+	if self < len(c.ps) {
+		for i := range c.ps {
+			pc := &c.ps[i]
+			pc.lockWait()
+			idle := i != self && pc.allocs+pc.frees == pc.seen && pc.stackBlocks > 0
+			pc.unlock()
+			if idle {
+				c.adoptIdle(self, i)
+			}
+		}
+		me := &c.ps[self]
+		me.lockWait()
+		over := me.stackBytes > c.share.Load()
+		me.unlock()
+		if over {
+			c.shed(self)
+		}
+	}
 	out := c.takeAll(func(i int, pc *pcache) bool { return i == self || pc.allocs+pc.frees != pc.seen })
 	for _, a := range out {
 		_ = c.giveBack(a, true)
@@ -655,8 +697,12 @@ func (c *cacheSet) takeCentral(class, n int, r uint64) []tlsf.Block {
 	if k == 0 {
 		return nil
 	}
-	out := c.batch[:0]
-	for _, cb := range l[len(l)-k:] {
+	// The newest first, handed out now; the others in list order, so
+	// that the refill's pushes leave the next newest on top of the stack
+	// (refillLocked).
+	taken := l[len(l)-k:]
+	out := append(c.batch[:0], tlsf.Block{Addr: taken[k-1].addr, Size: r, ID: taken[k-1].id})
+	for _, cb := range taken[:k-1] {
 		out = append(out, tlsf.Block{Addr: cb.addr, Size: r, ID: cb.id})
 	}
 	c.central[class] = l[:len(l)-k]
@@ -697,12 +743,18 @@ func (c *cacheSet) steal(self, class, n int, r uint64) []tlsf.Block {
 		pc.stackBlocks -= int64(k)
 		pc.unlock()
 	}
+	if len(out) > 2 {
+		// The newest is handed out now; the refill pushes the rest in
+		// order, so the next newest goes last, on top of the stack.
+		slices.Reverse(out[1:])
+	}
 	return out
 }
 
-// drainIdle moves onto the central lists the stacks of every cache but
-// P self's whose owner neither allocated nor freed since the last scan.
-// Pool lock held.
+// drainIdle gives P self's cache (adoptIdle) the stacks of every other
+// cache whose owner neither allocated nor freed since the last scan;
+// where self names no P's cache (−1), it moves them onto the central
+// lists instead. Pool lock held.
 func (c *cacheSet) drainIdle(self int) {
 	for i := range c.ps {
 		pc := &c.ps[i]
@@ -710,20 +762,71 @@ func (c *cacheSet) drainIdle(self int) {
 		ops := pc.allocs + pc.frees
 		idle := ops == pc.seen && i != self && pc.stackBlocks > 0
 		pc.seen = ops
-		out := c.addrs[:0]
-		if idle {
-			for class, st := range pc.stacks {
-				out = append(out, st...)
-				pc.stacks[class] = st[:0]
-			}
-			pc.stackBytes, pc.stackBlocks = 0, 0
-		}
 		pc.unlock()
-		if len(out) > 0 {
-			c.toCentral(out)
-			c.addrs = out[:0]
+		if !idle {
+			continue
+		}
+		if self >= 0 && self < len(c.ps) {
+			c.adoptIdle(self, i)
+			continue
+		}
+		pc.lockWait()
+		out := c.addrs[:0]
+		for class, st := range pc.stacks {
+			out = append(out, st...)
+			pc.stacks[class] = st[:0]
+		}
+		pc.stackBytes, pc.stackBlocks = 0, 0
+		pc.unlock()
+		c.toCentral(out)
+		c.addrs = out[:0]
+	}
+}
+
+// adoptIdle moves the stacks of P from's cache, idle, under those of P
+// self's, class by class: from's blocks are older than self's (its
+// goroutine has stopped there), so self serves its own first, then
+// from's newest first, as from would have. A goroutine that moved from
+// one P to another then finds its cache as it left it, and the pool
+// places its blocks as if it had not moved; self's next refill sheds
+// what passes its share. Measured on the simulated device (one
+// goroutine replaying each of the nine traces of the README, one cold
+// and one warm replay, moved from one cache to another once at 60
+// points of the trace and, at each, also moved back 1/40 of the trace
+// later: 1,080 replays; 2026-12-04): 26 of them peaked above the
+// unmoved replay's reserved memory (vit 1.0303 against 1.0284 in 22,
+// resnet50 up to 1.0226 against 1.0195, llama-bf16 1.0628 against
+// 1.0588) when the idle cache went to the central lists and to the index
+// before a growth (reclaimOthers); none with it adopted. Pool lock held.
+func (c *cacheSet) adoptIdle(self, from int) {
+	pc := &c.ps[from]
+	pc.lockWait()
+	stacks := c.adopted[:0]
+	for class, st := range pc.stacks {
+		if len(st) > 0 {
+			stacks = append(stacks, adoptedStack{class, slices.Clone(st)})
+			pc.stacks[class] = st[:0]
 		}
 	}
+	bytes, blocks := pc.stackBytes, pc.stackBlocks
+	pc.stackBytes, pc.stackBlocks = 0, 0
+	pc.unlock()
+	for _, a := range stacks {
+		for _, addr := range a.addrs {
+			if b, err := c.p.x.Lookup(addr); err == nil { // cached blocks are allocated in the index
+				c.p.meta[b.ID].owner = uint32(self)
+			}
+		}
+	}
+	me := &c.ps[self]
+	me.lockWait()
+	for _, a := range stacks {
+		me.stacks[a.class] = append(a.addrs, me.stacks[a.class]...)
+	}
+	me.stackBytes += bytes
+	me.stackBlocks += blocks
+	me.unlock()
+	c.adopted = stacks[:0]
 }
 
 // giveBack returns a block that left a cache's stack to the index (or, in

@@ -5,6 +5,7 @@ package pool
 // index before the heap grows.
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/gpumem/tlsf/device/sim"
@@ -101,4 +102,76 @@ func TestFreeingABlockOnACentralListIsADoubleFree(t *testing.T) {
 	require.ErrorIs(t, p.Free(ptr), ErrDoubleFree)
 	require.Equal(t, withoutCounters(before), withoutCounters(p.Stats()))
 	checkStep(t, p, d)
+}
+
+// A goroutine that moved to another P finds its blocks as it left them:
+// the stacks of a cache whose P stopped allocating go under the current
+// P's (adoptIdle), at an idle scan and before the heap grows, rather
+// than to the central lists and the index; and they are served newest
+// first, from this P's stack or, should the goroutine move again, by a
+// refill that takes them from another P's.
+func TestAnIdlePsCacheIsAdoptedInOrder(t *testing.T) {
+	for _, at := range []string{"idle scan", "before a growth"} {
+		t.Run(at, func(t *testing.T) {
+			d := onSim(sim.New(sim.Config{Capacity: giB}))
+			p := openPool(t, d, Options{Backend: BackendVMM})
+			c := p.cache
+			if len(c.ps) < 2 {
+				t.Skip("GOMAXPROCS 1: one cache")
+			}
+			before := cachedSmall(t, p, d, 8, 4*kiB)
+			class, r := c.classes.SizeClass(4 * kiB)
+
+			// Every cached block onto another P's stack, as if freed there
+			// by a goroutine that then moved to this P. No require under
+			// the pool's lock: a failure would leave it held.
+			p.mu.Lock()
+			self := procPin()
+			procUnpin()
+			other := (self + 1) % len(c.ps)
+			stack := c.takeAll(nil)
+			slices.Sort(stack)
+			o := &c.ps[other]
+			o.lockWait()
+			for _, a := range stack {
+				if b, err := p.x.Lookup(a); err == nil {
+					p.meta[b.ID].owner = uint32(other)
+				}
+				o.push(class, a)
+				o.stackBytes += r
+				o.stackBlocks++
+			}
+			o.seen = o.allocs + o.frees // idle since the last scan
+			o.unlock()
+			if at == "idle scan" {
+				c.drainIdle(self)
+			} else {
+				c.reclaimOthers()
+			}
+			left := len(c.ps[other].stacks[class])
+			adopted := slices.Clone(c.ps[self].stacks[class])
+			central := c.centralBlocks
+			p.mu.Unlock()
+			require.Zero(t, left, "the idle cache is adopted")
+			require.Equal(t, stack, adopted, "in its order")
+			require.Zero(t, central)
+			checkStep(t, p, d)
+			s := p.Stats()
+			require.Equal(t, before.Cached, s.Cached, "still cached")
+			require.Equal(t, before.IndexFree, s.IndexFree)
+
+			var got []uint64
+			for range stack {
+				ptr, err := p.Alloc(4 * kiB)
+				require.NoError(t, err)
+				got = append(got, uint64(ptr))
+			}
+			slices.Reverse(stack)
+			require.Equal(t, stack, got, "the newest first, whichever P serves them")
+			for _, a := range got {
+				require.NoError(t, p.Free(uintptr(a)))
+			}
+			checkStep(t, p, d)
+		})
+	}
 }
