@@ -31,7 +31,9 @@ import (
 // No stranded blocks. A block cached by one P must not sit idle while
 // another P asks the index (or the driver) for more memory, or which P a
 // goroutine ran on would decide the pool's reserved memory. Four rules
-// keep that from happening, as the Go runtime's mcache flushing does:
+// keep that from happening, as the Go runtime's mcache flushing does
+// (blocks a P adopts count as its own, within its share: they stay
+// cached while it grows the heap, as its own would):
 //
 //   - sheds go to the central lists, which every P's refill reads first;
 //   - a refill the central list cannot serve takes blocks of its class
@@ -46,8 +48,9 @@ import (
 //     drained into the index, and the index is searched again
 //     (reclaimOthers).
 //
-// Measured on the simulated H200 (peak reserved over peak live, ten runs
-// each): lstm 1.1418 and tdnn 1.1823 in every run at GOMAXPROCS 1, 2, 4
+// Measured on the simulated H200 before the adoption (peak reserved over
+// peak live, ten runs each; adoptIdle has the figures since): lstm
+// 1.1418 and tdnn 1.1823 in every run at GOMAXPROCS 1, 2, 4
 // and 16; resnet50 1.0226 at GOMAXPROCS 1 and 2 and in 5 of 10 runs at
 // 16 (1.0215–1.025 in the others), against 1.023–1.033 and one lstm run in
 // ten at 1.27–1.35 before the steal and reclaimOthers' rule. What still differs is how blocks split between two Ps' stacks
@@ -237,7 +240,8 @@ type cacheSet struct {
 	refills       int // refills since New, for idleScanEvery
 
 	// batch and addrs are scratch space reused under the pool's lock, so
-	// that refills and sheds allocate no Go memory once they have grown:
+	// that refills and sheds allocate no Go memory once they have grown
+	// (an adoption does: adoptIdle):
 	// a refill's blocks (refillLocked, takeCentral, steal) and the
 	// addresses a shed moves (shed, drainIdle); adopted, the stacks
 	// adoptIdle moves (their addresses are copied: they join the
@@ -539,7 +543,7 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 
 // reclaimOthers gives the current P's cache the stacks of the caches of
 // Ps that neither allocated nor freed since the last idle scan
-// (adoptIdle; beyond its share, it sheds the oldest), then gives the
+// (adoptIdle; beyond its share, it sheds down to half of it), then gives the
 // index back every block on the central lists, and reports whether it
 // gave any (c may be nil: caches off). The caches of the current P and
 // of Ps active since the scan are left alone: their blocks are where
@@ -560,6 +564,12 @@ func (c *cacheSet) reclaimOthers() bool {
 	}
 	self := procPin()
 	procUnpin()
+	return c.reclaimOthersOn(self)
+}
+
+// reclaimOthersOn is reclaimOthers with the current P given (tests name
+// it, so that a migration cannot change it midway).
+func (c *cacheSet) reclaimOthersOn(self int) bool {
 	if self < len(c.ps) {
 		for i := range c.ps {
 			pc := &c.ps[i]
@@ -570,13 +580,7 @@ func (c *cacheSet) reclaimOthers() bool {
 				c.adoptIdle(self, i)
 			}
 		}
-		me := &c.ps[self]
-		me.lockWait()
-		over := me.stackBytes > c.share.Load()
-		me.unlock()
-		if over {
-			c.shed(self)
-		}
+		c.shedOver(self)
 	}
 	out := c.takeAll(func(i int, pc *pcache) bool { return i == self || pc.allocs+pc.frees != pc.seen })
 	for _, a := range out {
@@ -756,6 +760,7 @@ func (c *cacheSet) steal(self, class, n int, r uint64) []tlsf.Block {
 // where self names no P's cache (−1), it moves them onto the central
 // lists instead. Pool lock held.
 func (c *cacheSet) drainIdle(self int) {
+	adopted := false
 	for i := range c.ps {
 		pc := &c.ps[i]
 		pc.lockWait()
@@ -768,6 +773,7 @@ func (c *cacheSet) drainIdle(self int) {
 		}
 		if self >= 0 && self < len(c.ps) {
 			c.adoptIdle(self, i)
+			adopted = true
 			continue
 		}
 		pc.lockWait()
@@ -781,6 +787,21 @@ func (c *cacheSet) drainIdle(self int) {
 		c.toCentral(out)
 		c.addrs = out[:0]
 	}
+	if adopted {
+		c.shedOver(self)
+	}
+}
+
+// shedOver sheds P pid's cache (shed) if it holds more than its share.
+// Pool lock held.
+func (c *cacheSet) shedOver(pid int) {
+	pc := &c.ps[pid]
+	pc.lockWait()
+	over := pc.stackBytes > c.share.Load()
+	pc.unlock()
+	if over {
+		c.shed(pid)
+	}
 }
 
 // adoptIdle moves the stacks of P from's cache, idle, under those of P
@@ -788,8 +809,11 @@ func (c *cacheSet) drainIdle(self int) {
 // goroutine has stopped there), so self serves its own first, then
 // from's newest first, as from would have. A goroutine that moved from
 // one P to another then finds its cache as it left it, and the pool
-// places its blocks as if it had not moved; self's next refill sheds
-// what passes its share. Measured on the simulated device (one
+// places its blocks as if it had not moved; the caller sheds what
+// passes self's share (shedOver). It adopts nothing if from's owner
+// allocated or freed since the caller found it idle. Each class adopted
+// costs a new array (an adoption is rare: once per idle P per scan).
+// Measured on the simulated device (one
 // goroutine replaying each of the nine traces of the README, one cold
 // and one warm replay, moved from one cache to another once at 60
 // points of the trace and, at each, also moved back 1/40 of the trace
@@ -801,11 +825,17 @@ func (c *cacheSet) drainIdle(self int) {
 func (c *cacheSet) adoptIdle(self, from int) {
 	pc := &c.ps[from]
 	pc.lockWait()
+	if pc.allocs+pc.frees != pc.seen { // its owner came back meanwhile
+		pc.unlock()
+		return
+	}
 	stacks := c.adopted[:0]
 	for class, st := range pc.stacks {
 		if len(st) > 0 {
-			stacks = append(stacks, adoptedStack{class, slices.Clone(st)})
-			pc.stacks[class] = st[:0]
+			// The array is taken whole: the owner's next push makes a
+			// new one, so it cannot write over what is copied below.
+			stacks = append(stacks, adoptedStack{class, st})
+			pc.stacks[class] = nil
 		}
 	}
 	bytes, blocks := pc.stackBytes, pc.stackBlocks
@@ -821,11 +851,14 @@ func (c *cacheSet) adoptIdle(self, from int) {
 	me := &c.ps[self]
 	me.lockWait()
 	for _, a := range stacks {
-		me.stacks[a.class] = append(a.addrs, me.stacks[a.class]...)
+		mine := me.stacks[a.class]
+		st := make([]uint64, 0, max(8, len(a.addrs)+len(mine))) // at least push's 8: no two Ps' stacks on one cache line
+		me.stacks[a.class] = append(append(st, a.addrs...), mine...)
 	}
 	me.stackBytes += bytes
 	me.stackBlocks += blocks
 	me.unlock()
+	clear(stacks) // drop the idle cache's old arrays
 	c.adopted = stacks[:0]
 }
 

@@ -1,14 +1,17 @@
 package pool
 
-// No stranded blocks (cache.go): blocks a P stops using go to the central
+// No stranded blocks (cache.go): blocks a P sheds go to the central
 // lists, which any P's refill reads before the index, and back to the
-// index before the heap grows.
+// index before the heap grows; the cache of a P that stopped allocating
+// is adopted by the P that finds it idle (or, with no P named, goes to
+// the central lists).
 
 import (
 	"slices"
 	"testing"
 
 	"github.com/gpumem/tlsf/device/sim"
+	"github.com/gpumem/tlsf/tlsf"
 	"github.com/stretchr/testify/require"
 )
 
@@ -120,7 +123,7 @@ func TestAnIdlePsCacheIsAdoptedInOrder(t *testing.T) {
 				t.Skip("GOMAXPROCS 1: one cache")
 			}
 			before := cachedSmall(t, p, d, 8, 4*kiB)
-			class, r := c.classes.SizeClass(4 * kiB)
+			class, _ := c.classes.SizeClass(4 * kiB)
 
 			// Every cached block onto another P's stack, as if freed there
 			// by a goroutine that then moved to this P. No require under
@@ -129,24 +132,11 @@ func TestAnIdlePsCacheIsAdoptedInOrder(t *testing.T) {
 			self := procPin()
 			procUnpin()
 			other := (self + 1) % len(c.ps)
-			stack := c.takeAll(nil)
-			slices.Sort(stack)
-			o := &c.ps[other]
-			o.lockWait()
-			for _, a := range stack {
-				if b, err := p.x.Lookup(a); err == nil {
-					p.meta[b.ID].owner = uint32(other)
-				}
-				o.push(class, a)
-				o.stackBytes += r
-				o.stackBlocks++
-			}
-			o.seen = o.allocs + o.frees // idle since the last scan
-			o.unlock()
+			stack := onStack(p, other, class, allCached(p), true)
 			if at == "idle scan" {
 				c.drainIdle(self)
 			} else {
-				c.reclaimOthers()
+				c.reclaimOthersOn(self)
 			}
 			left := len(c.ps[other].stacks[class])
 			adopted := slices.Clone(c.ps[self].stacks[class])
@@ -174,4 +164,104 @@ func TestAnIdlePsCacheIsAdoptedInOrder(t *testing.T) {
 			checkStep(t, p, d)
 		})
 	}
+}
+
+// allCached takes every cached block off its stack or list, still
+// counted cached, in address order; the caller holds the pool's lock.
+func allCached(p *Pool) []uint64 {
+	stack := p.cache.takeAll(nil)
+	slices.Sort(stack)
+	return stack
+}
+
+// onStack pushes cached blocks taken off their stacks onto P i's stack
+// of class (the last on top) and returns them; the caller holds the
+// pool's lock. With idle, P i counts as idle since the last scan.
+func onStack(p *Pool, i, class int, stack []uint64, idle bool) []uint64 {
+	c := p.cache
+	r := c.classes.Size(class)
+	pc := &c.ps[i]
+	pc.lockWait()
+	for _, a := range stack {
+		if b, err := p.x.Lookup(a); err == nil {
+			p.meta[b.ID].owner = uint32(i)
+		}
+		pc.push(class, a)
+		pc.stackBytes += r
+		pc.stackBlocks++
+	}
+	pc.seen = pc.allocs + pc.frees
+	if !idle {
+		pc.seen++
+	}
+	pc.unlock()
+	return stack
+}
+
+// A refill that takes blocks from another P's stack or a central list
+// hands out the newest and leaves the next newest on top (the batch's
+// last, pushed last); after an idle scan that adopted a stack holding the
+// class, it serves that stack's newest without the index.
+func TestRefillsServeOtherCachesNewestFirst(t *testing.T) {
+	d := onSim(sim.New(sim.Config{Capacity: giB}))
+	p := openPool(t, d, Options{Backend: BackendVMM})
+	c := p.cache
+	if len(c.ps) < 2 {
+		t.Skip("GOMAXPROCS 1: one cache")
+	}
+	before := cachedSmall(t, p, d, 8, 4*kiB)
+	class, r := c.classes.SizeClass(4 * kiB)
+	newestFirst := func(s []uint64) []uint64 {
+		return append([]uint64{s[len(s)-1]}, s[:len(s)-1]...)
+	}
+	addrs := func(bs []tlsf.Block) []uint64 {
+		var out []uint64
+		for _, b := range bs {
+			out = append(out, b.Addr)
+		}
+		return out
+	}
+
+	// Another P's stack (its owner active: not adopted).
+	p.mu.Lock()
+	self := procPin()
+	procUnpin()
+	other := (self + 1) % len(c.ps)
+	stack := onStack(p, other, class, allCached(p), false)
+	stolen := addrs(c.steal(self, class, len(stack), r))
+	onStack(p, other, class, stack, false) // back: steal left them counted cached
+	p.mu.Unlock()
+	require.Equal(t, newestFirst(stack), stolen)
+	checkStep(t, p, d)
+
+	// A central list.
+	p.mu.Lock()
+	stack = allCached(p)
+	for _, a := range stack {
+		b, err := p.x.Lookup(a)
+		if err == nil {
+			p.meta[b.ID].owner = centralOwner
+			c.central[class] = append(c.central[class], cblock{a, b.ID})
+			c.centralBytes += r
+			c.centralBlocks++
+		}
+	}
+	taken := addrs(c.takeCentral(class, len(stack), r))
+	onStack(p, other, class, stack, false)
+	p.mu.Unlock()
+	require.Equal(t, newestFirst(stack), taken)
+	checkStep(t, p, d)
+
+	// An idle P's stack, adopted at the scan this refill runs.
+	p.mu.Lock()
+	stack = onStack(p, other, class, allCached(p), true)
+	c.refills = idleScanEvery - 1
+	ptr, err := c.refillLocked(4 * kiB)
+	p.mu.Unlock()
+	require.NoError(t, err)
+	require.Equal(t, stack[len(stack)-1], uint64(ptr), "the adopted stack's newest")
+	s := p.Stats()
+	require.Equal(t, before.IndexFree, s.IndexFree, "no block from the index")
+	require.NoError(t, p.Free(ptr))
+	checkStep(t, p, d)
 }

@@ -11,8 +11,9 @@
 //  1. the current P's cache (cache.go): small blocks (4 KiB and below by
 //     default) on the default stream, without the pool's lock; an empty
 //     cache refills from central per-class lists of blocks other Ps shed
-//     (mcentral) before the index, and blocks cached by other Ps go back
-//     to the index before the heap grows; a free first checks a VMM
+//     (mcentral) before the index, the caches of Ps that stopped
+//     allocating are adopted by the current P, and the central lists go
+//     back to the index before the heap grows; a free first checks a VMM
 //     pool's filter of the 64 KiB granules where a cached block ever
 //     started (a chunk pool probes the P's table), which a sized free
 //     (FreeSizedOn; tlsf_free with PyTorch's size) skips: a large size
