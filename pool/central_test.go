@@ -116,14 +116,8 @@ func TestFreeingABlockOnACentralListIsADoubleFree(t *testing.T) {
 func TestAnIdlePsCacheIsAdoptedInOrder(t *testing.T) {
 	for _, at := range []string{"idle scan", "before a growth"} {
 		t.Run(at, func(t *testing.T) {
-			d := onSim(sim.New(sim.Config{Capacity: giB}))
-			p := openPool(t, d, Options{Backend: BackendVMM})
+			p, d, before, class, _ := cachedForTwoPs(t)
 			c := p.cache
-			if len(c.ps) < 2 {
-				t.Skip("GOMAXPROCS 1: one cache")
-			}
-			before := cachedSmall(t, p, d, 8, 4*kiB)
-			class, _ := c.classes.SizeClass(4 * kiB)
 
 			// Every cached block onto another P's stack, as if freed there
 			// by a goroutine that then moved to this P. No require under
@@ -166,6 +160,21 @@ func TestAnIdlePsCacheIsAdoptedInOrder(t *testing.T) {
 	}
 }
 
+// cachedForTwoPs opens a VMM pool with blocks of 4 KiB cached (a refill's
+// 16), skipping the test where GOMAXPROCS gives a single cache, and
+// returns it, its device, its stats, and the blocks' class and bytes.
+func cachedForTwoPs(t *testing.T) (*Pool, testDevice, Stats, int, uint64) {
+	t.Helper()
+	d := onSim(sim.New(sim.Config{Capacity: giB}))
+	p := openPool(t, d, Options{Backend: BackendVMM})
+	if len(p.cache.ps) < 2 {
+		t.Skip("GOMAXPROCS 1: one cache")
+	}
+	before := cachedSmall(t, p, d, 8, 4*kiB)
+	class, r := p.cache.classes.SizeClass(4 * kiB)
+	return p, d, before, class, r
+}
+
 // allCached takes every cached block off its stack or list, still
 // counted cached, in address order; the caller holds the pool's lock.
 func allCached(p *Pool) []uint64 {
@@ -203,14 +212,8 @@ func onStack(p *Pool, i, class int, stack []uint64, idle bool) []uint64 {
 // last, pushed last); after an idle scan that adopted a stack holding the
 // class, it serves that stack's newest without the index.
 func TestRefillsServeOtherCachesNewestFirst(t *testing.T) {
-	d := onSim(sim.New(sim.Config{Capacity: giB}))
-	p := openPool(t, d, Options{Backend: BackendVMM})
+	p, d, before, class, r := cachedForTwoPs(t)
 	c := p.cache
-	if len(c.ps) < 2 {
-		t.Skip("GOMAXPROCS 1: one cache")
-	}
-	before := cachedSmall(t, p, d, 8, 4*kiB)
-	class, r := c.classes.SizeClass(4 * kiB)
 	newestFirst := func(s []uint64) []uint64 {
 		return append([]uint64{s[len(s)-1]}, s[:len(s)-1]...)
 	}
