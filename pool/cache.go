@@ -460,11 +460,12 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 	}
 	c.refills++
 	if c.refills%idleScanEvery == 0 {
-		c.drainIdle(pid)
 		// An idle cache adopted may hold the class: its newest block
 		// first, as that cache would have served it.
-		if ptr, ok := c.alloc(size); ok {
-			return ptr, nil
+		if c.drainIdle(pid) {
+			if ptr, ok := c.alloc(size); ok {
+				return ptr, nil
+			}
 		}
 	}
 	want := int(min(max(refillBytes/r, 1), maxRefill))
@@ -572,12 +573,8 @@ func (c *cacheSet) reclaimOthers() bool {
 func (c *cacheSet) reclaimOthersOn(self int) bool {
 	if self < len(c.ps) {
 		for i := range c.ps {
-			pc := &c.ps[i]
-			pc.lockWait()
-			idle := i != self && pc.allocs+pc.frees == pc.seen && pc.stackBlocks > 0
-			pc.unlock()
-			if idle {
-				c.adoptIdle(self, i)
+			if i != self {
+				c.adoptIdle(self, i) // if idle since the scan
 			}
 		}
 		c.shedOver(self)
@@ -756,10 +753,11 @@ func (c *cacheSet) steal(self, class, n int, r uint64) []tlsf.Block {
 }
 
 // drainIdle gives P self's cache (adoptIdle) the stacks of every other
-// cache whose owner neither allocated nor freed since the last scan;
-// where self names no P's cache (−1), it moves them onto the central
-// lists instead. Pool lock held.
-func (c *cacheSet) drainIdle(self int) {
+// cache whose owner neither allocated nor freed since the last scan, and
+// reports whether it adopted any; where self names no P's cache (−1), it
+// moves them onto the central lists instead. Pool lock held.
+func (c *cacheSet) drainIdle(self int) bool {
+	adopting := self >= 0 && self < len(c.ps)
 	adopted := false
 	for i := range c.ps {
 		pc := &c.ps[i]
@@ -767,29 +765,27 @@ func (c *cacheSet) drainIdle(self int) {
 		ops := pc.allocs + pc.frees
 		idle := ops == pc.seen && i != self && pc.stackBlocks > 0
 		pc.seen = ops
-		pc.unlock()
-		if !idle {
-			continue
-		}
-		if self >= 0 && self < len(c.ps) {
-			c.adoptIdle(self, i)
-			adopted = true
-			continue
-		}
-		pc.lockWait()
 		out := c.addrs[:0]
-		for class, st := range pc.stacks {
-			out = append(out, st...)
-			pc.stacks[class] = st[:0]
+		if idle && !adopting {
+			for class, st := range pc.stacks {
+				out = append(out, st...)
+				pc.stacks[class] = st[:0]
+			}
+			pc.stackBytes, pc.stackBlocks = 0, 0
 		}
-		pc.stackBytes, pc.stackBlocks = 0, 0
 		pc.unlock()
-		c.toCentral(out)
-		c.addrs = out[:0]
+		switch {
+		case idle && adopting:
+			adopted = c.adoptIdle(self, i) || adopted
+		case len(out) > 0:
+			c.toCentral(out)
+			c.addrs = out[:0]
+		}
 	}
 	if adopted {
 		c.shedOver(self)
 	}
+	return adopted
 }
 
 // shedOver sheds P pid's cache (shed) if it holds more than its share.
@@ -810,8 +806,9 @@ func (c *cacheSet) shedOver(pid int) {
 // from's newest first, as from would have. A goroutine that moved from
 // one P to another then finds its cache as it left it, and the pool
 // places its blocks as if it had not moved; the caller sheds what
-// passes self's share (shedOver). It adopts nothing if from's owner
-// allocated or freed since the caller found it idle. Each class adopted
+// passes self's share (shedOver). It adopts nothing, and reports false,
+// if from's stacks are empty or its owner allocated or freed since the
+// last scan (or since the caller found it idle). Each class adopted
 // costs a new array (an adoption is rare: once per idle P per scan).
 // Measured on the simulated device (one
 // goroutine replaying each of the nine traces of the README, one cold
@@ -822,12 +819,12 @@ func (c *cacheSet) shedOver(pid int) {
 // resnet50 up to 1.0226 against 1.0195, llama-bf16 1.0628 against
 // 1.0588) when the idle cache went to the central lists and to the index
 // before a growth (reclaimOthers); none with it adopted. Pool lock held.
-func (c *cacheSet) adoptIdle(self, from int) {
+func (c *cacheSet) adoptIdle(self, from int) bool {
 	pc := &c.ps[from]
 	pc.lockWait()
-	if pc.allocs+pc.frees != pc.seen { // its owner came back meanwhile
+	if pc.allocs+pc.frees != pc.seen || pc.stackBlocks == 0 {
 		pc.unlock()
-		return
+		return false
 	}
 	stacks := c.adopted[:0]
 	for class, st := range pc.stacks {
@@ -860,6 +857,7 @@ func (c *cacheSet) adoptIdle(self, from int) {
 	me.unlock()
 	clear(stacks) // drop the idle cache's old arrays
 	c.adopted = stacks[:0]
+	return true
 }
 
 // giveBack returns a block that left a cache's stack to the index (or, in
