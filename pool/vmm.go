@@ -27,7 +27,10 @@ import (
 // its memory as one handle (up to maxHandlePages pages): a pool that grows
 // by 34 MiB at a time pays for one handle, not 17. The price is release
 // granularity: cuMemUnmap must cover whole mappings, so a handle is
-// released only when all of its pages lie under free blocks. Where that
+// released only when all of its pages lie under free blocks; and a handle
+// maps whole, so it moves whole: the H200's driver (580, CUDA 13) refuses
+// a cuMemMap of part of a handle, from offset 0 or another, with
+// CUDA_ERROR_NOT_SUPPORTED (bench/multi/h200/2026-12-04/offset.py). Where that
 // matters, the pool asks for one-page handles (fine): in a capped pool, as
 // the smallest feasible cap needs memory to move at the finest granularity
 // the driver allows; a pool that recycles memory under ReleaseFraction
