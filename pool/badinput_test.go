@@ -389,6 +389,11 @@ func TestOptionsOutOfRangeAreRefused(t *testing.T) {
 			if _, err := pool.New(nil, pool.Options{Backend: cfg.backend}); !errors.Is(err, pool.ErrBadOptions) {
 				t.Fatalf("New(nil device): %v", err)
 			}
+			// A nil *sim.Device in the interface: refused, not a panic at
+			// its first method call.
+			if _, err := pool.New((*sim.Device)(nil), pool.Options{Backend: cfg.backend}); !errors.Is(err, pool.ErrBadOptions) {
+				t.Fatalf("New(nil *sim.Device): %v", err)
+			}
 			// A MaxBytes cap below the initial reserve: 1 MiB against a
 			// quarter of 1 GiB. A passthrough pool reserves nothing at New,
 			// so for it the cap is merely small.

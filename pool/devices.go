@@ -80,12 +80,15 @@ func (d *Devices) Get(ordinal int) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pool: opening device %d: %w", ordinal, err)
 	}
+	if nilDevice(dev) {
+		return nil, fmt.Errorf("%w: opening device %d gave a nil device", ErrBadOptions, ordinal)
+	}
 	closeDev := func() {
 		if d.own {
 			_ = dev.Close()
 		}
 	}
-	if dev == nil || dev.Ordinal() != ordinal {
+	if dev.Ordinal() != ordinal {
 		closeDev()
 		return nil, fmt.Errorf("%w: opening device %d gave another device", ErrBadOptions, ordinal)
 	}

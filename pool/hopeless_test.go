@@ -5,6 +5,7 @@ package pool
 // refused at New.
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
@@ -62,6 +63,43 @@ func TestHopelessRequestsFailAtOnceAndReleaseNothing(t *testing.T) {
 				require.NoError(t, p.Free(ptrs[0]))
 			})
 		}
+	}
+}
+
+// A passthrough pool says why a request fails as the pooled backends do,
+// and asks the driver for none of them.
+func TestPassthroughSaysWhyARequestCannotSucceed(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		opts      Options
+		size      uint64
+		why       string
+		deviceOOM bool
+	}{
+		{"above the cap", Options{MaxBytes: 256 * miB}, 512 * miB, "exceeds the cap", false},
+		{"past the cap", Options{MaxBytes: 256 * miB}, 200 * miB, "past the cap", false},
+		{"above the device's total", Options{}, 1536 * miB, "exceeds the device's total memory", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := onSim(sim.New(sim.Config{Capacity: giB}))
+			o := c.opts
+			o.Backend = BackendPassthrough
+			p := openPool(t, d, o)
+			held, err := p.Alloc(100 * miB)
+			require.NoError(t, err)
+			before := p.Stats()
+			require.Positive(t, before.DeviceCalls.Map()["cuMemAlloc"], "the held block's")
+			_, err = p.Alloc(c.size)
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			require.Equal(t, c.deviceOOM, errors.Is(err, device.ErrOutOfMemory), "%v", err)
+			require.Contains(t, err.Error(), c.why)
+			after := p.Stats()
+			require.Equal(t, before.OutOfMemory+1, after.OutOfMemory)
+			require.Equal(t, before.Reserved, after.Reserved)
+			require.Zero(t, after.DeviceCalls.Map()["cuMemAlloc"]-before.DeviceCalls.Map()["cuMemAlloc"], "no driver allocation tried")
+			checkStep(t, p, d)
+			require.NoError(t, p.Free(held))
+		})
 	}
 }
 

@@ -43,9 +43,17 @@ func (t *passthrough) admit(p *Pool, size uint64) error {
 	if err != nil {
 		return err
 	}
-	if capped && t.reserved+size > limit {
+	switch {
+	case size > p.total:
+		// As a pooled backend says it (Pool.hopeless): the driver's error.
 		p.c.ooms++
-		return p.oomError(size, nil)
+		return p.oomError(size, fmt.Errorf("a block of %s exceeds the device's total memory: %w", sizeString(size), device.ErrOutOfMemory))
+	case capped && size > limit:
+		p.c.ooms++
+		return fmt.Errorf("%w: a block of %s exceeds the cap", p.oomError(size, nil), sizeString(size))
+	case capped && t.reserved+size > limit:
+		p.c.ooms++
+		return fmt.Errorf("%w: it would take reserved memory past the cap", p.oomError(size, nil))
 	}
 	return nil
 }

@@ -195,4 +195,9 @@ func TestDevicesOnePoolPerOrdinal(t *testing.T) {
 	require.ErrorIs(t, err, pool.ErrBadOptions)
 	_, err = pool.NewDevicesOn(func(int) (device.Device, error) { return h.Device(0), nil }, pool.Options{MaxFraction: 2})
 	require.ErrorIs(t, err, pool.ErrBadOptions)
+	nilOpen, err := pool.NewDevicesOn(func(int) (device.Device, error) { return (*sim.Device)(nil), nil }, pool.Options{})
+	require.NoError(t, err)
+	_, err = nilOpen.Get(0)
+	require.ErrorIs(t, err, pool.ErrBadOptions, "an open that gives a nil *sim.Device")
+	require.NoError(t, nilOpen.Close())
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"reflect"
 	"sync"
 	"sync/atomic"
 
@@ -132,13 +133,24 @@ func New(dev device.Device, opts Options) (*Pool, error) {
 	return p, nil
 }
 
+// nilDevice reports whether dev is nil, or a nil pointer in a non-nil
+// interface (a *sim.Device variable never set), whose first method call
+// would panic.
+func nilDevice(dev device.Device) bool {
+	if dev == nil {
+		return true
+	}
+	v := reflect.ValueOf(dev)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
 // newPool is New but for the scavenger.
 func newPool(dev device.Device, opts Options) (*Pool, error) {
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	if dev == nil {
+	if nilDevice(dev) {
 		return nil, fmt.Errorf("%w: nil device", ErrBadOptions)
 	}
 	p := &Pool{dev: &counted{Device: dev}, opts: o, backend: o.Backend}

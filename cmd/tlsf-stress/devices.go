@@ -46,6 +46,11 @@ func (ds *devices) confOf(be string) string {
 // simulated memory's contents (verification needs it).
 func openDevices(g *globalFlags, shadow bool) (*devices, error) {
 	ds := &devices{kind: g.device, sd: sim.Config{Shadow: shadow, Capacity: uint64(g.simCapacity), RealTime: g.simRealTime}, conf: g.conf, pool: g.pool}
+	if c := ds.sd.Capacity; c > 0 && c != sim.H200Capacity {
+		// An H200's latencies, not its memory: say so wherever the
+		// device is named.
+		ds.sd.Name = fmt.Sprintf("Simulated H200 with %s", capacityName(c))
+	}
 	if ds.kind == deviceSim {
 		return ds, nil
 	}
@@ -95,7 +100,8 @@ func (ds *devices) close() {
 }
 
 // sizeFlag is a byte count flag: a decimal integer with an optional
-// binary suffix (K, KiB, M, MiB, G, GiB, T, TiB; case-insensitive).
+// binary suffix (K, KiB, M, MiB, G, GiB, T, TiB; case-insensitive), or a
+// decimal number with a suffix (1.5GiB), rounded down to a byte.
 type sizeFlag uint64
 
 func (f *sizeFlag) String() string { return strconv.FormatUint(uint64(*f), 10) }
@@ -122,15 +128,24 @@ func parseBytes(s string) (uint64, error) {
 			break
 		}
 	}
+	if mult > 1 && strings.Contains(t, ".") {
+		// A decimal with a suffix: 1.5GiB, rounded down to a byte.
+		v, err := strconv.ParseFloat(t, 64)
+		if err != nil || !(v >= 0 && v*float64(mult) < math.MaxUint64) {
+			return 0, fmt.Errorf("%q is not a byte count (a number with an optional suffix KiB, MiB, GiB, TiB; decimals need a suffix)", s)
+		}
+		return uint64(v * float64(mult)), nil
+	}
 	n, err := strconv.ParseUint(t, 10, 64)
 	if err != nil || n > math.MaxUint64/mult {
-		return 0, fmt.Errorf("%q is not a byte count (an integer with an optional suffix KiB, MiB, GiB, TiB)", s)
+		return 0, fmt.Errorf("%q is not a byte count (a number with an optional suffix KiB, MiB, GiB, TiB; decimals need a suffix)", s)
 	}
 	return n * mult, nil
 }
 
-// capFlag is --cap and --max-live: bytes (see sizeFlag), or a fraction
-// of the device's total memory written with a decimal point, in (0, 1].
+// capFlag is --cap and --max-live: bytes (see sizeFlag; 0: none), or a
+// fraction of the device's total memory written with a decimal point and
+// no suffix, in (0, 1].
 type capFlag struct {
 	bytes    uint64
 	fraction float64
@@ -146,7 +161,8 @@ func (f *capFlag) String() string {
 func (f *capFlag) Type() string { return "bytes|fraction" }
 
 func (f *capFlag) Set(s string) error {
-	if strings.Contains(s, ".") {
+	t := strings.TrimSpace(s)
+	if strings.Contains(t, ".") && t != "" && t[len(t)-1] >= '0' && t[len(t)-1] <= '9' {
 		v, err := strconv.ParseFloat(s, 64)
 		if err != nil || !(v > 0 && v <= 1) {
 			return fmt.Errorf("%q: a fraction must be in (0, 1]", s)
@@ -180,4 +196,12 @@ func deviceTotal(d device.Device) (uint64, error) {
 }
 
 // gib formats bytes as GiB with two decimals.
+// capacityName writes a simulated capacity in GiB, or MiB below 1 GiB.
+func capacityName(n uint64) string {
+	if n < 1<<30 {
+		return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20))
+	}
+	return gib(n)
+}
+
 func gib(n uint64) string { return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30)) }

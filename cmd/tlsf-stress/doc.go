@@ -26,7 +26,8 @@
 // --cap's and multi's --fraction's; a backend's name wins over a key it
 // sets, as tlsf-vmm-goodfit's GoodFit; export makes no pool and ignores
 // it). Byte counts take the suffixes KiB, MiB, GiB, TiB (or K, M, G, T;
-// binary). A cap written with a decimal point, such as 0.5, is a fraction
+// binary), with a decimal number where there is a suffix (1.5GiB). A cap
+// written with a decimal point and no suffix, such as 0.5, is a fraction
 // of the device's total memory, in bytes (MaxBytes: it counts no context,
 // unlike multi's --fraction, a MaxFraction).
 //

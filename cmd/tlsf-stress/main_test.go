@@ -78,12 +78,36 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"multi procs 0", []string{"multi", "--device", "sim", "--procs", "0"}, "--procs"},
 		{"multi async", []string{"multi", "--device", "sim", "--backend", "async"}, "fraction policy"},
 		{"multi fraction", []string{"multi", "--device", "sim", "--fraction", "2"}, "--fraction"},
+		{"multi oversubscribe huge", []string{"multi", "--device", "sim", "--oversubscribe", "1e300"}, "--oversubscribe"},
+		{"run negative duration", []string{"run", "--device", "sim", "--duration", "-1s"}, "--duration"},
+		{"run negative progress interval", []string{"run", "--device", "sim", "--progress-interval", "-1s"}, "--progress-interval"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, errs, status := cli(t, tc.args...)
 			assert.Equal(t, exitUsage, status, "stdout %s\nstderr %s", out, errs)
 			assert.Contains(t, errs, tc.want)
 			assert.Contains(t, errs, "--help")
+		})
+	}
+}
+
+// What every process of multi would fail on at its start is refused
+// before any starts: one error line, no table of failed processes.
+func TestMultiRefusesWhatEveryProcessWouldFailOn(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"sizes not a trace", []string{"--sizes", "nosuch"}, "no embedded trace"},
+		{"share below a page", []string{"--fraction", "1e-9"}, "allocation granularity"},
+		{"a share of the device below a page", []string{"--sim-capacity", "4MiB"}, "allocation granularity"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errs, status := cli(t, append([]string{"multi", "--device", "sim"}, tc.args...)...)
+			assert.Equal(t, exitFailed, status, "stdout %s\nstderr %s", out, errs)
+			assert.Contains(t, errs, tc.want)
+			assert.Empty(t, out, "no process ran")
 		})
 	}
 }
@@ -423,8 +447,9 @@ func TestParseBytesAndCaps(t *testing.T) {
 		ok   bool
 	}{
 		{"4096", 4096, true}, {"2KiB", 2048, true}, {"3 MiB", 3 << 20, true}, {"1g", 1 << 30, true},
-		{"2TiB", 2 << 40, true}, {"7b", 7, true}, {"", 0, false}, {"-1", 0, false}, {"1.5GiB", 0, false},
-		{"99999999999TiB", 0, false},
+		{"2TiB", 2 << 40, true}, {"7b", 7, true}, {"", 0, false}, {"-1", 0, false}, {"1.5GiB", 3 << 29, true},
+		{"0.5 k", 512, true}, {"1.5", 0, false}, {"1.5b", 0, false}, {"-1.5GiB", 0, false}, {"1.5.1GiB", 0, false},
+		{"99999999999TiB", 0, false}, {"99999999999.5TiB", 0, false},
 	} {
 		got, err := parseBytes(tc.in)
 		if tc.ok {
@@ -439,6 +464,8 @@ func TestParseBytesAndCaps(t *testing.T) {
 	assert.Equal(t, uint64(250), c.resolve(1000))
 	require.NoError(t, c.Set("1GiB"))
 	assert.Equal(t, uint64(1<<30), c.resolve(1000))
+	require.NoError(t, c.Set("1.5GiB"), "a decimal with a suffix is bytes, not a fraction")
+	assert.Equal(t, uint64(3<<29), c.resolve(1000))
 	assert.Error(t, c.Set("0.0"))
 	assert.Error(t, c.Set("1.01"))
 }

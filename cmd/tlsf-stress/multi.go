@@ -84,8 +84,8 @@ there too, each with its own simulated GPU.`,
 			if !(o.fraction > 0 && o.fraction <= 1) {
 				return usagef("--fraction %v: want a fraction in (0, 1]", o.fraction)
 			}
-			if !(o.oversubscribe > 0) {
-				return usagef("--oversubscribe %v: want a positive factor", o.oversubscribe)
+			if !(o.oversubscribe > 0 && o.oversubscribe <= maxOversubscribe) {
+				return usagef("--oversubscribe %v: want a positive factor, at most %d", o.oversubscribe, maxOversubscribe)
 			}
 			if o.backend == backendAsync {
 				return usagef("--backend async: the driver's pool has no fraction policy; multi takes tlsf-vmm, tlsf-chunks or passthrough")
@@ -201,6 +201,24 @@ func newMultiChildCmd(g *globalFlags) *cobra.Command {
 	return cmd
 }
 
+// maxOversubscribe bounds --oversubscribe: a live target of a thousand
+// shares is far past any useful oversubscription, and stays a byte count.
+const maxOversubscribe = 1000
+
+// preflight checks on dev, before multi starts its processes, what each
+// would fail on at its start: the size distribution (--sizes) and a pool
+// of the process's share (made and closed again).
+func (o *childOpts) preflight(dev device.Device, ds *devices, total uint64) error {
+	if _, err := o.config(total); err != nil {
+		return err
+	}
+	a, err := newAllocator(dev, o.backend, allocOptions{base: ds.pool, maxFraction: o.fraction})
+	if err != nil {
+		return fmt.Errorf("a pool of --fraction %v: %w", o.fraction, err)
+	}
+	return a.close()
+}
+
 // runChild runs one process's share of multi on dev and returns its
 // outcome; a panic becomes a reported error, not a crash of the parent.
 // Progress lines go to progress every --progress-interval.
@@ -297,6 +315,13 @@ func runMulti(cmd *cobra.Command, g *globalFlags, o *multiOpts) error {
 	co.maxLive = capFlag{bytes: target}
 	if o.sizes == "log-uniform" {
 		co.minSize, co.maxSize = sizeFlag(max(256, target/4096)), sizeFlag(max(256, target/16))
+	}
+	// What every process would fail on, refused before any starts: a
+	// --sizes trace that does not load, a share the pool refuses.
+	if err := co.preflight(base, ds, total); err != nil {
+		release()
+		ds.close()
+		return err
 	}
 
 	results := make([]*childResult, o.procs)

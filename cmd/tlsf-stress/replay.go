@@ -65,8 +65,9 @@ line:
   f ID               free the block allocated as ID
 
 A cap (--cap) is bytes with an optional suffix (KiB, MiB, GiB, TiB; K, M, G,
-T), or, written with a decimal point, a fraction of the device's memory:
---cap 0.5 is half of it, --cap 1 is one byte.
+T; 1.5GiB with a suffix), or, written with a decimal point and no suffix, a
+fraction of the device's memory: --cap 0.5 is half of it, --cap 1 is one
+byte, --cap 0 is no cap.
 
 The table's "measured" column says where each row comes from: this run, or
 the peers' figures recorded on an H200 (baseline.json). A failed replay's
@@ -111,7 +112,7 @@ python3 -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.`,
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&backends, "backend", allBackends, "backends to compare, comma-separated: "+strings.Join(allBackends, ", "))
-	f.Var(&o.cap, "cap", "cap on device memory: bytes (suffixes KiB..TiB), or a fraction of total memory such as 0.5")
+	f.Var(&o.cap, "cap", "cap on device memory: bytes (suffixes KiB..TiB; 0: none), or a fraction of total memory such as 0.5")
 	f.BoolVar(&o.minCap, "min-cap", false, "find by bisection the smallest cap under which the trace replays with no failed allocation")
 	f.BoolVar(&o.json, "json", false, "print one JSON object per trace and backend (schema in the package doc) instead of a table")
 	f.IntVar(&o.warmRuns, "warm-runs", replay.MinWarmRuns, "warm replays timed per trace and backend; ns/op is their median")
@@ -264,7 +265,11 @@ func runReplay(cmd *cobra.Command, g *globalFlags, o *replayOpts, args []string)
 		}
 	}
 	if failed {
-		fmt.Fprintln(errw, "tlsf-stress: allocations failed without a cap (see failed_allocs)")
+		where := "the table's failed column"
+		if o.json {
+			where = "failed_allocs"
+		}
+		fmt.Fprintf(errw, "tlsf-stress: allocations failed without a cap (see %s)\n", where)
 		return errFailed
 	}
 	return nil

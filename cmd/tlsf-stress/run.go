@@ -79,6 +79,10 @@ func (w *workloadFlags) validate() error {
 		return usagef("--goroutines %d: want at least 1", w.goroutines)
 	case w.ops < 0:
 		return usagef("--ops %d: want 0 or more", w.ops)
+	case w.duration < 0:
+		return usagef("--duration %v: want 0 (none) or more", w.duration)
+	case w.progressInt < 0:
+		return usagef("--progress-interval %v: want 0 (none) or more", w.progressInt)
 	case w.ops == 0 && w.duration <= 0:
 		return usagef("--ops 0 needs a --duration")
 	case w.slots < 1:
@@ -163,7 +167,7 @@ is real. Out-of-memory errors are counted, not failures.`,
 		},
 	}
 	o.register(cmd, defaultRunOps)
-	cmd.Flags().Var(&o.cap, "cap", "cap on the allocator's device memory: bytes, or a fraction of total memory")
+	cmd.Flags().Var(&o.cap, "cap", "cap on the allocator's device memory: bytes (suffixes KiB..TiB; 0: none), or a fraction of total memory such as 0.5")
 	cmd.Flags().StringVar(&o.devices, "devices", "", "GPUs to use, e.g. 0,1: a pool on each with peer access for the others; blocks are copied between them (cuMemcpyDtoDAsync) and verified")
 	return cmd
 }

@@ -68,7 +68,7 @@ Cases: ` + strings.Join(sanitizeCases, ", ") + `.`,
 	f.StringVar(&o.backend, "backend", backendChunks, "pool backend: tlsf-vmm, tlsf-chunks or passthrough")
 	f.StringSliceVar(&o.cases, "case", []string{"all"}, "cases to run, in order: "+strings.Join(sanitizeCases, ", "))
 	f.Var(&o.size, "size", "block size in bytes")
-	f.Var(&o.guard, "guard", "red zone of the guard case, bytes")
+	f.Var(&o.guard, "guard", fmt.Sprintf("red zone of the guard case, bytes (1 to %d)", pool.MaxGuard))
 	return cmd
 }
 
@@ -91,6 +91,9 @@ func runSanitize(cmd *cobra.Command, g *globalFlags, o *sanitizeOpts) error {
 	}
 	if o.size == 0 {
 		return usagef("--size 0: want at least 1 byte")
+	}
+	if slices.Contains(cases, "guard") && (o.guard == 0 || uint64(o.guard) > pool.MaxGuard) {
+		return usagef("--guard %d: the guard case wants a red zone of 1 to %d bytes", uint64(o.guard), pool.MaxGuard)
 	}
 	ds, err := openDevices(g, true)
 	if err != nil {

@@ -30,6 +30,8 @@ func TestSanitizeBadFlags(t *testing.T) {
 		{"--case", "sideways"},
 		{"--backend", "async"},
 		{"--size", "0"},
+		{"--case", "guard", "--guard", "0"},
+		{"--case", "guard", "--guard", "2MiB"},
 	} {
 		_, errOut, status := cli(t, append([]string{"sanitize", "--device", "sim"}, args...)...)
 		require.Equal(t, exitUsage, status, strings.Join(args, " "))
