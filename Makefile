@@ -49,9 +49,11 @@ capi:
 	mkdir -p bin
 	GOOS=linux GOARCH=amd64 CGO_ENABLED=1 $(GO) build -buildmode=c-shared -o bin/libtlsf.so ./capi
 	$(CC) -O2 -Wall -Werror -o bin/tlsf-example capi/example/example.c -Icapi -Lbin -ltlsf -lpthread -Wl,-rpath,'$$ORIGIN'
+	$(CC) -O2 -Wall -Werror -o bin/tlsf-late-env capi/example/late_env.c -Icapi -Lbin -ltlsf -Wl,-rpath,'$$ORIGIN'
 
 capi-example: capi
 	TLSF_ALLOC_CONF=device:sim bin/tlsf-example
+	env -u TLSF_ALLOC_CONF bin/tlsf-late-env
 	if command -v python3 >/dev/null; then python3 python/smoke_sim.py bin/libtlsf.so; fi
 
 # bench-gpu builds what bench/peers/run.sh needs on a GPU machine with

@@ -3,8 +3,10 @@
 package main
 
 /*
+#include <stdlib.h>
 #include "tlsf.h"
-void tlsf_set_error(const char* msg, size_t n);
+__attribute__((visibility("hidden"))) void tlsf_set_error(const char* msg, size_t n);
+__attribute__((visibility("hidden"))) const char* tlsf_getenv(const char* key);
 */
 import "C"
 
@@ -12,9 +14,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"unsafe"
 
 	"github.com/gpumem/tlsf/device"
+	"github.com/gpumem/tlsf/device/nvtx"
 	"github.com/gpumem/tlsf/pool"
 )
 
@@ -22,6 +26,29 @@ import (
 // tlsf.c cleared the caller's message and handled what needs no pool.
 // Pointers and streams cross as uintptr_t; a failure sets the message
 // ("tlsf_X: reason") and returns NULL, -1 or 0.
+
+func init() { envSync = syncEnv }
+
+// envKeys are the environment variables the library reads: the
+// configuration, passthrough mode and the NVTX injection.
+var envKeys = []string{pool.ConfEnv, pool.PassthroughEnv, nvtx.InjectionEnv, nvtx.DebugEnv, nvtx.SegmentEnv}
+
+// syncEnv copies envKeys from the process's environment (C's getenv) into
+// the Go runtime's copy, which dates from when the library was loaded: a
+// program that sets TLSF_ALLOC_CONF after loading it (setenv in C,
+// os.environ in Python) is read at the first use as tlsf.h says.
+func syncEnv() {
+	for _, k := range envKeys {
+		ck := C.CString(k)
+		v := C.tlsf_getenv(ck)
+		C.free(unsafe.Pointer(ck))
+		if v == nil {
+			_ = os.Unsetenv(k)
+		} else {
+			_ = os.Setenv(k, C.GoString(v))
+		}
+	}
+}
 
 // setError leaves fn's failure as the calling thread's message.
 func setError(fn string, err error) {
@@ -101,7 +128,8 @@ func tlsfgo_set_memory_fraction(fraction C.double, dev C.int) {
 }
 
 // setMemoryFraction caps the pool of dev at f × the device's total memory,
-// at least one byte (f = 0 refuses every growth, as in PyTorch).
+// at least one byte (f = 0 refuses every growth, as in PyTorch), and at
+// most the configuration's max_bytes where it set one.
 func setMemoryFraction(f float64, dev int) error {
 	if math.IsNaN(f) || f < 0 || f > 1 {
 		return fmt.Errorf("%w: want a fraction in [0, 1]", pool.ErrBadOptions)
@@ -114,7 +142,11 @@ func setMemoryFraction(f float64, dev int) error {
 	if err != nil {
 		return err
 	}
-	return p.SetMaxBytes(max(1, uint64(f*float64(total))))
+	n := max(1, uint64(f*float64(total)))
+	if mb := reg.maxBytes(); mb > 0 {
+		n = min(n, mb)
+	}
+	return p.SetMaxBytes(n)
 }
 
 //export tlsfgo_record_stream
@@ -135,7 +167,8 @@ func tlsfgo_record_stream(ptr C.uintptr_t, stream C.uintptr_t) {
 }
 
 //export tlsfgo_configure
-func tlsfgo_configure(conf *C.char, n C.size_t) C.int {
+func tlsfgo_configure(conf *C.char, n C.size_t) (rc C.int) {
+	rc = -1 // what a panic (recovered by guard) returns
 	defer guard("tlsf_configure")
 	if err := reg.configure(C.GoStringN(conf, C.int(min(n, math.MaxInt32)))); err != nil {
 		setError("tlsf_configure", err)

@@ -39,6 +39,22 @@ type registry struct {
 
 var reg registry
 
+// envSync, called until the first pool is made (confLocked), refreshes the Go
+// runtime's copy of the environment variables the library reads (set to
+// syncEnv by capi.go; a no-op in a build without cgo).
+var envSync = func() {}
+
+// maxBytes returns the configuration's max_bytes (0: none or no
+// configuration yet).
+func (r *registry) maxBytes() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conf == nil {
+		return 0
+	}
+	return r.conf.Options.MaxBytes
+}
+
 // configure sets the configuration from s (tlsf_configure).
 func (r *registry) configure(s string) error {
 	c, err := pool.ParseConf(s)
@@ -57,6 +73,9 @@ func (r *registry) configure(s string) error {
 // confLocked returns the configuration, reading TLSF_ALLOC_CONF if none
 // was set. mu held.
 func (r *registry) confLocked() (*pool.Conf, error) {
+	if !r.made {
+		envSync()
+	}
 	if r.conf == nil {
 		c, err := pool.ParseConf(os.Getenv(pool.ConfEnv))
 		if err != nil {

@@ -5,6 +5,7 @@
 // with tlsf_set_error. The message lives in a thread-local buffer, so it is
 // per OS thread, costs no allocation and can never leak.
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "tlsf.h"
@@ -12,11 +13,22 @@
 
 static __thread char tlsf_errbuf[TLSF_ERROR_MAX];
 
-void tlsf_set_error(const char* msg, size_t n) {
+/* The environment as the process has it now, for capi.go's envSync: the
+ * Go runtime's copy dates from when the library was loaded. */
+__attribute__((visibility("hidden"))) const char* tlsf_getenv(const char* key) { return getenv(key); }
+
+/* Internal (capi.go calls it): hidden, so that the shared library exports
+ * only the functions tlsf.h declares under the tlsf_ prefix. */
+__attribute__((visibility("hidden"))) void tlsf_set_error(const char* msg, size_t n) {
+	if (msg == NULL) {
+		n = 0;
+	}
 	if (n >= TLSF_ERROR_MAX) {
 		n = TLSF_ERROR_MAX - 1;
 	}
-	memcpy(tlsf_errbuf, msg, n);
+	if (n > 0) {
+		memcpy(tlsf_errbuf, msg, n);
+	}
 	tlsf_errbuf[n] = 0;
 }
 

@@ -11,7 +11,11 @@
  * Pools. One pool per device ordinal, made on the first call that needs
  * it (tlsf_malloc, tlsf_set_memory_fraction), with the configuration set
  * by tlsf_configure or, failing that, read from the environment variable
- * TLSF_ALLOC_CONF at that first use. Pools live until the process exits.
+ * TLSF_ALLOC_CONF at that first use (as the process's environment has it
+ * then: setenv, or Python's os.environ, after the library was loaded
+ * counts). Pools live until the process exits. Device ordinals are 0 to
+ * 63; one with no pool (none made yet, or no such device) reads as zeros
+ * in tlsf_get_stats, tlsf_get_device_calls and tlsf_trim.
  *
  * Threads. Every function may be called from any thread, at the same time
  * as any other. Each function except tlsf_last_error first clears the
@@ -24,7 +28,7 @@
  * were, apart from the counters of driver calls and out-of-memory events
  * (num_ooms, device_calls, device_calls_by_path) and the release of unused
  * cached memory that the out-of-memory path performs before giving up
- * (reserved may drop, released grow).
+ * (reserved and cached may drop, active with cached, released grow).
  *
  * Streams. A stream argument is a CUstream / cudaStream_t (NULL: the
  * legacy default stream). Memory freed on a stream may be reused at once
@@ -34,8 +38,11 @@
  * never-created stream is undefined behaviour to the CUDA driver (on the
  * H200 with driver 580 its calls crashed the process): stop passing a
  * stream before destroying it. Where a driver call on such a stream fails
- * with an invalid handle instead (the simulated device's do), the pool
- * forgets the stream and keeps serving.
+ * with an invalid handle instead (the simulated device's do): a stream
+ * destroyed after the pool used it is forgotten, and the pool keeps
+ * serving; a stream it never saw makes tlsf_malloc and tlsf_free on it
+ * fail with the driver's error (recording the stream), the pool
+ * unchanged.
  *
  * Units: sizes are bytes; pointers are CUDA device pointers aligned to at
  * least 256 bytes.
@@ -119,8 +126,10 @@ typedef struct tlsf_stats {
  * PyTorch's own allocator returns a null pointer for empty tensors.
  * Failure: NULL, with the reason in tlsf_last_error(): out of memory (the
  * message gives the request, allocated and reserved bytes, the largest
- * free block and the device's free memory), a size the pool can never
- * serve, a bad device ordinal, a malformed configuration, no CUDA driver.
+ * free block and the device's free memory; a request above the device's
+ * total memory or the cap fails at once, releasing nothing), a size the
+ * pool can never serve, a bad device ordinal, a malformed configuration,
+ * no CUDA driver, a driver error (a stream the driver refuses).
  * Nothing was allocated.
  */
 void* tlsf_malloc(size_t size, int device, void* stream);
@@ -132,8 +141,10 @@ void* tlsf_malloc(size_t size, int device, void* stream);
  * per-thread caches (Go's Pool.FreeSizedOn); 0 (unknown) or any other
  * size frees the block all the same. NULL does nothing.
  * Failure (see tlsf_last_error): a pointer freed already, one the pool
- * never returned or the interior of an allocation, a bad device ordinal.
- * The pool is unchanged: nothing is freed twice.
+ * never returned or the interior of an allocation, a bad device ordinal,
+ * a driver error (a stream the driver refuses: the block stays
+ * allocated), under guard a red zone found overwritten (the block is
+ * named and not freed). The pool is unchanged: nothing is freed twice.
  */
 void tlsf_free(void* ptr, size_t size, int device, void* stream);
 
@@ -160,8 +171,10 @@ void tlsf_reset(void);
  * allocation that needs more memory, as in PyTorch. The cap is in bytes
  * and counts no context, unlike max_fraction in tlsf_configure: jobs
  * sharing a GPU at 1/K each should use max_fraction, whose caps leave
- * each process's CUDA context room. Memory reserved above a lowered cap
- * stays until trimmed; growth beyond the cap fails.
+ * each process's CUDA context room. A max_bytes set by tlsf_configure or
+ * TLSF_ALLOC_CONF stays the ceiling: the cap is the smaller of the two.
+ * Memory reserved above a lowered cap stays until trimmed; growth beyond
+ * the cap fails.
  * Failure (see tlsf_last_error): a fraction out of range or NaN, a bad
  * device ordinal, a pool that cannot be made. The cap is unchanged.
  */
@@ -187,21 +200,25 @@ void tlsf_record_stream(void* ptr, void* stream);
  * addresses may equal another's, unlike CUDA's unified addressing, so
  * pass each pointer with its own device; tlsf_record_stream, which takes
  * no device, acts on the lowest ordinal holding the pointer live),
- * sim_capacity (bytes, device:sim only), initial_fraction, grow_fraction,
+ * sim_capacity (bytes, at most 1TiB, device:sim only), initial_fraction,
+ * grow_fraction,
  * max_fraction (of the device's total memory, less what the share
  * leaves for the process's context: pool.Options.MaxFraction),
- * release_fraction, free_floor_fraction (fractions in [0, 1]), max_bytes
- * (bytes), caches (true|false), cache_max_size
+ * release_fraction, free_floor_fraction (fractions in [0, 1]; 0 is the
+ * default), max_bytes (bytes; 0: no cap), caches (true|false),
+ * cache_max_size
  * (bytes: the largest request the caches serve, default 4KiB, 1MiB with
  * good_fit), good_fit (true|false: TLSF's O(1) good fit instead of the
  * default best fit within the request's own list), wilderness
- * (true|false, backend vmm only: keep the free top of the heap for
- * requests no other free block holds from the start, not only once
- * fragmentation is severe), passthrough (true|false), guard (bytes of red
- * zone after every block, checked on free), history (events kept for
- * snapshots), history_stacks
- * (true|false). Bytes: an integer, or a number and a unit KiB, MiB, GiB,
- * TiB (powers of 1024), KB, MB, GB, TB (powers of 1000) or B.
+ * (true|false, backend vmm only, ignored by the others: keep the free top
+ * of the heap for requests no other free block holds from the start, not
+ * only once fragmentation is severe), passthrough (true|false: wins over
+ * backend), guard (bytes of red zone after every block, checked on free;
+ * at most 1MiB), history (events kept for the Go API's snapshots, at most
+ * 2^24; no call of this ABI reads them), history_stacks (true|false).
+ * Bytes: an integer, or a number and a unit KiB, MiB, GiB, TiB (powers
+ * of 1024), KB, MB, GB, TB (powers of 1000) or B; with a unit the number
+ * may have a fraction, rounded down to whole bytes (so "0.5B" is 0).
  * Returns 0 on success; -1 on failure (conf NULL or malformed: an unknown
  * key, a bad value, named in the message; or a pool exists already), when
  * the configuration is unchanged.
@@ -212,8 +229,7 @@ int tlsf_configure(const char* conf);
  * tlsf_get_stats: fills *out with the statistics of the pool of `device`
  * (see tlsf_stats; set out->size first). A device with no pool yet reports
  * zeros. Returns 0 on success; -1 on failure (out NULL, out->size smaller
- * than a size_t, a bad device ordinal, a driver error reading the cap),
- * when *out is unchanged.
+ * than a size_t, a bad device ordinal), when *out is unchanged.
  */
 int tlsf_get_stats(int device, tlsf_stats* out);
 

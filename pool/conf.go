@@ -41,9 +41,15 @@ type Conf struct {
 	// Device is ConfDeviceCUDA (the default) or ConfDeviceSim.
 	Device string
 	// SimCapacity is each simulated GPU's memory in bytes (0: the
-	// simulator's default, an H200's 143771 MiB). Only with ConfDeviceSim.
+	// simulator's default, an H200's 143771 MiB), at most MaxSimCapacity.
+	// Only with ConfDeviceSim.
 	SimCapacity uint64
 }
+
+// MaxSimCapacity bounds sim_capacity: 1 TiB, seven H200s, so that a VMM
+// pool's address range (twice the device's memory) fits in a simulated
+// process's 4 TiB of virtual addresses.
+const MaxSimCapacity = 1 << 40
 
 // confKeys maps each key to the function that applies its value.
 var confKeys = map[string]func(c *Conf, v string) error{
@@ -63,7 +69,12 @@ var confKeys = map[string]func(c *Conf, v string) error{
 		c.Device = v
 		return nil
 	},
-	"sim_capacity":        func(c *Conf, v string) (err error) { c.SimCapacity, err = parseBytes(v); return err },
+	"sim_capacity": func(c *Conf, v string) (err error) {
+		if c.SimCapacity, err = parseBytes(v); err == nil && c.SimCapacity > MaxSimCapacity {
+			err = fmt.Errorf("at most %d bytes (1 TiB): a VMM pool reserves twice the device's memory of address space, of the 4 TiB a simulated process has", uint64(MaxSimCapacity))
+		}
+		return err
+	},
 	"initial_fraction":    fraction(func(c *Conf) *float64 { return &c.Options.InitialFraction }),
 	"grow_fraction":       fraction(func(c *Conf) *float64 { return &c.Options.GrowFraction }),
 	"max_fraction":        fraction(func(c *Conf) *float64 { return &c.Options.MaxFraction }),
@@ -96,7 +107,7 @@ var confKeys = map[string]func(c *Conf, v string) error{
 //
 //	backend              auto | vmm | chunks | passthrough (Options.Backend)
 //	device               cuda | sim (Conf.Device; default cuda)
-//	sim_capacity         bytes (Conf.SimCapacity; sim only)
+//	sim_capacity         bytes, at most MaxSimCapacity (Conf.SimCapacity; sim only)
 //	initial_fraction     fraction in [0, 1] (Options.InitialFraction)
 //	grow_fraction        fraction in [0, 1] (Options.GrowFraction)
 //	max_fraction         fraction in [0, 1] (Options.MaxFraction)
@@ -155,7 +166,8 @@ func ParseConf(s string) (Conf, error) {
 		return Conf{}, fmt.Errorf("%w: configuration key %q applies only with device:%s", ErrBadOptions, "sim_capacity", ConfDeviceSim)
 	}
 	if _, err := c.Options.withDefaults(); err != nil {
-		return Conf{}, fmt.Errorf("configuration %q: %w", s, err)
+		// The reason first: a message cut at the C ABI's 1 KiB keeps it.
+		return Conf{}, fmt.Errorf("%w (configuration %q)", err, s)
 	}
 	return c, nil
 }

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -101,6 +102,7 @@ func TestParseConfRejects(t *testing.T) {
 		{"history_stacks:on", `"history_stacks"`},
 		{"sim_capacity:1GiB", `"sim_capacity"`},
 		{"device:sim,sim_capacity:lots", `"sim_capacity"`},
+		{"device:sim,sim_capacity:2TiB", "at most"},
 		{"initial_fraction:0.5,max_fraction:0.25", "InitialFraction"},
 	} {
 		c, err := ParseConf(tc.in)
@@ -109,6 +111,11 @@ func TestParseConfRejects(t *testing.T) {
 		require.Contains(t, err.Error(), tc.names, tc.in)
 		require.Equal(t, Conf{}, c, tc.in)
 	}
+	// Options that conflict: the reason comes before the configuration
+	// echoed, so that a message cut at the C ABI's 1 KiB keeps it.
+	_, err := ParseConf("initial_fraction:0.5,max_fraction:0.25")
+	require.Error(t, err)
+	require.Less(t, strings.Index(err.Error(), "InitialFraction"), strings.Index(err.Error(), "configuration"), err.Error())
 }
 
 func FuzzParseConf(f *testing.F) {

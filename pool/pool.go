@@ -283,8 +283,10 @@ func (p *Pool) Alloc(size uint64) (uintptr, error) { return p.AllocOn(size, 0) }
 // must grow (driver calls) or its index has nothing free (the
 // out-of-memory path).
 //
-// Errors: ErrInvalidSize (size 0), ErrTooLarge (above tlsf.MaxSize or a
-// VMM pool's virtual range), ErrOutOfMemory, ErrClosed; device errors
+// Errors: ErrInvalidSize (size 0), ErrTooLarge (above tlsf.MaxSize, or
+// above a VMM pool's virtual range but not the device's total memory),
+// ErrOutOfMemory (wrapping device.ErrOutOfMemory above the device's total
+// memory, as the driver's own error), ErrClosed; device errors
 // other than out-of-memory are returned wrapped. s is not validated: a
 // destroyed or never-created stream is undefined behaviour to the driver
 // ("Destroyed streams", streams.go).
@@ -497,9 +499,16 @@ func (p *Pool) fitSize(size, align uint64) (uint64, error) {
 // s of the same block size, the index, or the slow path.
 func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool, error) {
 	// A VMM pool can never hold more than its virtual range: refuse at
-	// once, before the slow path flushes, polls or releases anything.
+	// once, before the slow path flushes, polls or releases anything. A
+	// block above the device's total memory fails as in every backend,
+	// out of memory (hopeless); one within it, above a VirtualSize set
+	// smaller, is too large for this pool.
 	if h := p.vmm; h != nil {
 		if r, _ := p.fitSize(size, align); r > h.vsize {
+			if err := p.hopeless(size, align); err != nil {
+				p.c.ooms++
+				return tlsf.Block{}, false, err
+			}
 			return tlsf.Block{}, false, fmt.Errorf("%w: %d bytes exceed the virtual range of %d bytes", ErrTooLarge, r, h.vsize)
 		}
 	}

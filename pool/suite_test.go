@@ -257,20 +257,26 @@ func suiteBeyondDevice(t *testing.T, d testDevice, be Backend) {
 	_, total, err := d.MemGetInfo()
 	require.NoError(t, err)
 	// A VMM pool with a range of the device's size can never serve more:
-	// it refuses at once rather than mapping the whole GPU first.
+	// it refuses at once rather than mapping the whole GPU first, as out
+	// of memory, as every backend does.
 	p := openPool(t, d, Options{Backend: be, VirtualSize: total})
 	keep, err := p.Alloc(miB)
 	require.NoError(t, err)
 	before := p.Stats()
 	_, err = p.Alloc(2 * total)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.ErrorIs(t, err, device.ErrOutOfMemory, "the driver's out-of-memory error is wrapped")
+	require.Equal(t, before.OutOfMemory+1, p.Stats().OutOfMemory)
 	if be == BackendVMM {
-		require.ErrorIs(t, err, ErrTooLarge)
-		require.Equal(t, before.OutOfMemory, p.Stats().OutOfMemory)
 		require.Equal(t, withoutCounters(before), withoutCounters(p.Stats()), "refused before any work")
-	} else {
-		require.ErrorIs(t, err, ErrOutOfMemory)
-		require.ErrorIs(t, err, device.ErrOutOfMemory, "the driver's out-of-memory error is wrapped")
-		require.Equal(t, before.OutOfMemory+1, p.Stats().OutOfMemory)
+		// Above a VirtualSize set below the device's memory, but within
+		// that memory: too large for this pool.
+		small, err := New(d.Device, Options{Backend: be, VirtualSize: total / 4})
+		require.NoError(t, err)
+		_, err = small.Alloc(total / 2)
+		require.ErrorIs(t, err, ErrTooLarge)
+		require.Zero(t, small.Stats().OutOfMemory)
+		require.NoError(t, small.Close())
 	}
 	require.Equal(t, liveState(before), liveState(p.Stats()))
 	checkStep(t, p, d)
