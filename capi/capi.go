@@ -37,15 +37,23 @@ var envKeys = []string{pool.ConfEnv, pool.PassthroughEnv, nvtx.InjectionEnv, nvt
 // the Go runtime's copy, which dates from when the library was loaded: a
 // program that sets TLSF_ALLOC_CONF after loading it (setenv in C,
 // os.environ in Python) is read at the first use as tlsf.h says.
+//
+// Only a key whose value differs is written (os.Setenv writes C's
+// environment too, in a cgo build): the host's environment is left as it
+// is in the common case, where nothing changed since the library loaded.
 func syncEnv() {
 	for _, k := range envKeys {
 		ck := C.CString(k)
-		v := C.tlsf_getenv(ck)
+		cv := C.tlsf_getenv(ck)
 		C.free(unsafe.Pointer(ck))
-		if v == nil {
+		old, had := os.LookupEnv(k)
+		switch {
+		case cv == nil && had:
 			_ = os.Unsetenv(k)
-		} else {
-			_ = os.Setenv(k, C.GoString(v))
+		case cv != nil:
+			if v := C.GoString(cv); !had || v != old {
+				_ = os.Setenv(k, v)
+			}
 		}
 	}
 }

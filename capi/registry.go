@@ -32,16 +32,17 @@ var errConfigured = errors.New("a pool exists already: call tlsf_configure befor
 type registry struct {
 	pools [maxDevices]atomic.Pointer[pool.Pool]
 
-	mu   sync.Mutex
-	conf *pool.Conf // nil until tlsf_configure or the first use
-	made bool       // a pool was made: the configuration is final
+	mu      sync.Mutex
+	conf    *pool.Conf // nil until tlsf_configure or the first use
+	fromEnv bool       // conf was read from TLSF_ALLOC_CONF: read again until a pool is made
+	made    bool       // a pool was made: the configuration is final
 }
 
 var reg registry
 
-// envSync, called until the first pool is made (confLocked), refreshes the Go
-// runtime's copy of the environment variables the library reads (set to
-// syncEnv by capi.go; a no-op in a build without cgo).
+// envSync, called until the first pool is made (confLocked), refreshes
+// the Go runtime's copy of the environment variables the library reads:
+// syncEnv (capi.go), a variable so that registry.go needs no C.
 var envSync = func() {}
 
 // maxBytes returns the configuration's max_bytes (0: none or no
@@ -66,22 +67,24 @@ func (r *registry) configure(s string) error {
 	if r.made {
 		return errConfigured
 	}
-	r.conf = &c
+	r.conf, r.fromEnv = &c, false
 	return nil
 }
 
-// confLocked returns the configuration, reading TLSF_ALLOC_CONF if none
-// was set. mu held.
+// confLocked returns the configuration, reading TLSF_ALLOC_CONF if
+// tlsf_configure set none (again at each call until a pool is made: a
+// first use that failed, for want of a driver say, leaves a later setenv
+// its effect). mu held.
 func (r *registry) confLocked() (*pool.Conf, error) {
 	if !r.made {
 		envSync()
 	}
-	if r.conf == nil {
+	if r.conf == nil || r.fromEnv && !r.made {
 		c, err := pool.ParseConf(os.Getenv(pool.ConfEnv))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", pool.ConfEnv, err)
 		}
-		r.conf = &c
+		r.conf, r.fromEnv = &c, true
 	}
 	return r.conf, nil
 }

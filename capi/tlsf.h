@@ -13,7 +13,7 @@
  * by tlsf_configure or, failing that, read from the environment variable
  * TLSF_ALLOC_CONF at that first use (as the process's environment has it
  * then: setenv, or Python's os.environ, after the library was loaded
- * counts). Pools live until the process exits. Device ordinals are 0 to
+ * counts; read again at each use until one made a pool). Pools live until the process exits. Device ordinals are 0 to
  * 63; one with no pool (none made yet, or no such device) reads as zeros
  * in tlsf_get_stats, tlsf_get_device_calls and tlsf_trim.
  *

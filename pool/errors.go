@@ -25,13 +25,17 @@ var (
 	// (the driver's answer, given without asking it), the error also wraps
 	// device.ErrOutOfMemory. A request too large for any pool fails with
 	// ErrTooLarge instead (below): on a VMM pool, one above its virtual
-	// range (VirtualSize, by default twice the device's total memory).
+	// range (Options.VirtualSize) that neither the device's total memory
+	// nor the cap excludes, which only a VirtualSize set below them
+	// allows.
 	ErrOutOfMemory = errors.New("pool: out of memory")
 	// ErrInvalidSize: a size of zero, or a pitch allocation with zero width
 	// or height.
 	ErrInvalidSize = errors.New("pool: invalid size")
 	// ErrTooLarge: a size the pool can never serve: above tlsf.MaxSize,
-	// above the virtual range of a VMM pool (Options.VirtualSize), or a
+	// above the virtual range of a VMM pool (Options.VirtualSize) within
+	// the device's total memory and the cap (beyond either, the request is
+	// ErrOutOfMemory, as in every backend), or a
 	// pitch allocation whose pitch × height overflows. It does not match
 	// ErrOutOfMemory: a caller that shrinks its batch on a failure for
 	// want of memory checks for both.

@@ -67,7 +67,8 @@ func TestHopelessRequestsFailAtOnceAndReleaseNothing(t *testing.T) {
 }
 
 // A passthrough pool says why a request fails as the pooled backends do,
-// and asks the driver for none of them.
+// and asks the driver for no allocation (cuMemGetInfo, for the message,
+// only).
 func TestPassthroughSaysWhyARequestCannotSucceed(t *testing.T) {
 	for _, c := range []struct {
 		name      string

@@ -284,9 +284,9 @@ func (p *Pool) Alloc(size uint64) (uintptr, error) { return p.AllocOn(size, 0) }
 // out-of-memory path).
 //
 // Errors: ErrInvalidSize (size 0), ErrTooLarge (above tlsf.MaxSize, or
-// above a VMM pool's virtual range but not the device's total memory),
-// ErrOutOfMemory (wrapping device.ErrOutOfMemory above the device's total
-// memory, as the driver's own error), ErrClosed; device errors
+// above a VMM pool's virtual range within the device's total memory and
+// the cap), ErrOutOfMemory (wrapping device.ErrOutOfMemory above the
+// device's total memory, as the driver's own error), ErrClosed; device errors
 // other than out-of-memory are returned wrapped. s is not validated: a
 // destroyed or never-created stream is undefined behaviour to the driver
 // ("Destroyed streams", streams.go).
@@ -500,11 +500,12 @@ func (p *Pool) fitSize(size, align uint64) (uint64, error) {
 func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool, error) {
 	// A VMM pool can never hold more than its virtual range: refuse at
 	// once, before the slow path flushes, polls or releases anything. A
-	// block above the device's total memory fails as in every backend,
-	// out of memory (hopeless); one within it, above a VirtualSize set
-	// smaller, is too large for this pool.
+	// block above the device's total memory or the cap fails as in every
+	// backend, out of memory (hopeless); one within both, above a
+	// VirtualSize set smaller, is too large for this pool.
 	if h := p.vmm; h != nil {
 		if r, _ := p.fitSize(size, align); r > h.vsize {
+			p.seen = seenFree{} // as allocMiss: the message reads the device's free memory anew
 			if err := p.hopeless(size, align); err != nil {
 				p.c.ooms++
 				return tlsf.Block{}, false, err

@@ -271,8 +271,10 @@ func suiteBeyondDevice(t *testing.T, d testDevice, be Backend) {
 		require.Equal(t, withoutCounters(before), withoutCounters(p.Stats()), "refused before any work")
 		// Above a VirtualSize set below the device's memory, but within
 		// that memory: too large for this pool.
+		// (Not openPool: its cleanup would find p's memory still held.)
 		small, err := New(d.Device, Options{Backend: be, VirtualSize: total / 4})
 		require.NoError(t, err)
+		t.Cleanup(func() { _ = small.Close() })
 		_, err = small.Alloc(total / 2)
 		require.ErrorIs(t, err, ErrTooLarge)
 		require.Zero(t, small.Stats().OutOfMemory)

@@ -1,8 +1,8 @@
 /*
  * late_env.c: TLSF_ALLOC_CONF set by the program after libtlsf.so was
- * loaded (setenv, as Python's os.environ does) is read at the first use,
- * and tlsf_set_memory_fraction keeps a configured max_bytes as its
- * ceiling. Run with TLSF_ALLOC_CONF unset (make capi-example does).
+ * loaded (setenv, as Python's os.environ does) is read at the first use
+ * that makes a pool, and tlsf_set_memory_fraction keeps a configured
+ * max_bytes as its ceiling. Run with TLSF_ALLOC_CONF unset (make capi-example does).
  * Exits 0 when every check passed, 1 otherwise.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -40,7 +40,13 @@ int main(void) {
     fprintf(stderr, "late_env: run with TLSF_ALLOC_CONF unset\n");
     return 1;
   }
-  /* Set after the library was loaded, before its first use. */
+  /* Set after the library was loaded, before its first use. A first use
+   * that fails (device:sim has ordinals 0 to 3) leaves the configuration
+   * open: it is read again at the next. */
+  setenv("TLSF_ALLOC_CONF", "device:sim,sim_capacity:1GiB,max_bytes:32MiB", 1);
+  void* none = tlsf_malloc(1 << 20, 7, NULL);
+  CHECK(none == NULL && strstr(tlsf_last_error(), "ordinal") != NULL, "device 7 under device:sim: %p, %s",
+        none, tlsf_last_error());
   setenv("TLSF_ALLOC_CONF", "device:sim,sim_capacity:1GiB,max_bytes:64MiB", 1);
 
   void* p = tlsf_malloc(1 << 20, 0, NULL);

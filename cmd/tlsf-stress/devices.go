@@ -118,17 +118,17 @@ func (f *sizeFlag) Set(s string) error {
 // parseBytes parses a byte count (see sizeFlag).
 func parseBytes(s string) (uint64, error) {
 	t := strings.ToLower(strings.TrimSpace(s))
-	mult := uint64(1)
+	mult, suffixed := uint64(1), false
 	for _, u := range []struct {
 		suffix string
 		shift  uint
 	}{{"kib", 10}, {"mib", 20}, {"gib", 30}, {"tib", 40}, {"k", 10}, {"m", 20}, {"g", 30}, {"t", 40}, {"b", 0}} {
 		if strings.HasSuffix(t, u.suffix) {
-			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), 1<<u.shift
+			t, mult, suffixed = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), 1<<u.shift, true
 			break
 		}
 	}
-	if mult > 1 && strings.Contains(t, ".") {
+	if suffixed && strings.Contains(t, ".") {
 		// A decimal with a suffix: 1.5GiB, rounded down to a byte.
 		v, err := strconv.ParseFloat(t, 64)
 		if err != nil || !(v >= 0 && v*float64(mult) < math.MaxUint64) {
@@ -163,7 +163,7 @@ func (f *capFlag) Type() string { return "bytes|fraction" }
 func (f *capFlag) Set(s string) error {
 	t := strings.TrimSpace(s)
 	if strings.Contains(t, ".") && t != "" && t[len(t)-1] >= '0' && t[len(t)-1] <= '9' {
-		v, err := strconv.ParseFloat(s, 64)
+		v, err := strconv.ParseFloat(t, 64)
 		if err != nil || !(v > 0 && v <= 1) {
 			return fmt.Errorf("%q: a fraction must be in (0, 1]", s)
 		}
@@ -195,7 +195,6 @@ func deviceTotal(d device.Device) (uint64, error) {
 	return total, err
 }
 
-// gib formats bytes as GiB with two decimals.
 // capacityName writes a simulated capacity in GiB, or MiB below 1 GiB.
 func capacityName(n uint64) string {
 	if n < 1<<30 {
@@ -204,4 +203,5 @@ func capacityName(n uint64) string {
 	return gib(n)
 }
 
+// gib formats bytes as GiB with two decimals.
 func gib(n uint64) string { return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30)) }

@@ -127,7 +127,7 @@
 //	format               string   "text", "pytorch-snapshot" or "rmm-csv"
 //	backend              string   tlsf-vmm, tlsf-chunks, passthrough, async, tlsf-vmm-goodfit or tlsf-vmm-wilderness
 //	conf                 string   --conf as given, on pool backends' objects; absent without it
-//	device               string   device name ("NVIDIA H200", "Simulated H200")
+//	device               string   device name ("NVIDIA H200", "Simulated H200"; with --sim-capacity, "Simulated H200 with 4.00 GiB")
 //	device_kind          string   "cuda" or "sim"
 //	ops                  int      operations of the timed replay (failed allocations and their frees excluded)
 //	peak_live_bytes      uint64   peak of live bytes as the trace sizes them (trace.PeakLive)

@@ -448,7 +448,7 @@ func TestParseBytesAndCaps(t *testing.T) {
 	}{
 		{"4096", 4096, true}, {"2KiB", 2048, true}, {"3 MiB", 3 << 20, true}, {"1g", 1 << 30, true},
 		{"2TiB", 2 << 40, true}, {"7b", 7, true}, {"", 0, false}, {"-1", 0, false}, {"1.5GiB", 3 << 29, true},
-		{"0.5 k", 512, true}, {"1.5", 0, false}, {"1.5b", 0, false}, {"-1.5GiB", 0, false}, {"1.5.1GiB", 0, false},
+		{"0.5 k", 512, true}, {"1.5", 0, false}, {"1.5b", 1, true}, {"-1.5GiB", 0, false}, {"1.5.1GiB", 0, false},
 		{"99999999999TiB", 0, false}, {"99999999999.5TiB", 0, false},
 	} {
 		got, err := parseBytes(tc.in)
@@ -464,6 +464,8 @@ func TestParseBytesAndCaps(t *testing.T) {
 	assert.Equal(t, uint64(250), c.resolve(1000))
 	require.NoError(t, c.Set("1GiB"))
 	assert.Equal(t, uint64(1<<30), c.resolve(1000))
+	require.NoError(t, c.Set(" 0.5 "))
+	assert.Equal(t, uint64(500), c.resolve(1000))
 	require.NoError(t, c.Set("1.5GiB"), "a decimal with a suffix is bytes, not a fraction")
 	assert.Equal(t, uint64(3<<29), c.resolve(1000))
 	assert.Error(t, c.Set("0.0"))
