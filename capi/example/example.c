@@ -17,19 +17,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "check.h"
 #include "tlsf.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                            \
-  do {                                              \
-    if (!(cond)) {                                  \
-      failures++;                                   \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                 \
-      fprintf(stderr, "\n");                        \
-    }                                               \
-  } while (0)
 
 static double now_ns(void) {
   struct timespec ts;
