@@ -13,8 +13,58 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tlsf_torch  # noqa: E402
 
 
+def raises(kind, f):
+    try:
+        f()
+    except kind:
+        return
+    raise AssertionError("no %s" % kind.__name__)
+
+
+# install() with a stand-in for torch (this machine may have none), in a
+# process of its own whose TLSF_ALLOC_CONF is bad: ValueError at once,
+# not a NULL from every tlsf_malloc later.
+FAKE_TORCH_INSTALL = r"""
+import sys, types
+sys.path.insert(0, sys.argv[1])
+torch, cuda, memory = types.ModuleType("torch"), types.ModuleType("torch.cuda"), types.ModuleType("torch.cuda.memory")
+cuda.is_initialized = lambda: False
+class Allocator:
+    def __init__(self, path, malloc, free):
+        pass
+    def allocator(self):
+        return None
+memory.CUDAPluggableAllocator = Allocator
+memory.change_current_allocator = lambda a: None
+torch.cuda, cuda.memory = cuda, memory
+sys.modules.update({"torch": torch, "torch.cuda": cuda, "torch.cuda.memory": memory})
+import tlsf_torch
+try:
+    tlsf_torch.install(sys.argv[2])
+except ValueError as e:
+    assert "bogus" in str(e), e
+    sys.exit(0)
+sys.exit("install accepted a bad TLSF_ALLOC_CONF")
+"""
+
+
+def check_install_refuses_a_bad_environment(path):
+    import subprocess
+
+    env = dict(os.environ, TLSF_ALLOC_CONF="bogus:1")
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", FAKE_TORCH_INSTALL, here, path], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def main():
-    lib = tlsf_torch._load(os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else tlsf_torch.default_library()))
+    # A library that is not libtlsf.so, or none: OSError, and nothing loaded.
+    raises(OSError, lambda: tlsf_torch._load("libm.so.6"))
+    raises(OSError, lambda: tlsf_torch._load("/no/such/libtlsf.so"))
+    path = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else tlsf_torch.default_library())
+    check_install_refuses_a_bad_environment(path)
+    lib = tlsf_torch._load(path)
+    raises(RuntimeError, lambda: tlsf_torch._load(path + ".other"))
     assert lib.tlsf_configure(b"device:sim,max_bytes:1.5x") == -1
     assert "max_bytes" in tlsf_torch.last_error(), tlsf_torch.last_error()
     assert lib.tlsf_configure(b"device:sim,sim_capacity:1GiB") == 0, tlsf_torch.last_error()
@@ -54,6 +104,15 @@ def main():
             pass
         else:
             raise AssertionError("a bad path or entry point was accepted")
+    # Devices are integer ordinals 0 to 63; paths names or TLSF_PATH_*
+    # numbers; call names str or bytes without a NUL.
+    for bad in (1.5, True, 64, -1, "0"):
+        raises(ValueError, lambda: tlsf_torch.stats(bad))
+        raises(ValueError, lambda: tlsf_torch.trim(bad))
+    assert tlsf_torch.device_calls(2, b"cuMemMap") == tlsf_torch.device_calls("alloc", "cuMemMap")
+    assert tlsf_torch.device_calls(-1) == tlsf_torch.device_calls()
+    raises(ValueError, lambda: tlsf_torch.device_calls(6))
+    raises(ValueError, lambda: tlsf_torch.device_calls(call="cuMemMap\0x"))
     print("smoke_sim: ok", tlsf_torch.stats())
 
 

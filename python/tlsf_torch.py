@@ -8,7 +8,7 @@ hands its ``tlsf_malloc``/``tlsf_free`` to
 ``Tensor.record_stream``) and makes it PyTorch's allocator::
 
     import tlsf_torch
-    tlsf_torch.install(conf="max_bytes:40GiB")   # before any CUDA allocation
+    tlsf_torch.install(conf="max_bytes:40GiB")   # before PyTorch initialises CUDA
     x = torch.empty(1 << 20, device="cuda")
     print(tlsf_torch.stats())
 
@@ -29,6 +29,7 @@ The configuration string is described in capi/tlsf.h
 """
 
 import ctypes
+import operator
 import os
 
 __all__ = ["install", "installed", "stats", "device_calls", "trim", "last_error", "TlsfStats", "default_library"]
@@ -60,7 +61,16 @@ class TlsfStats(ctypes.Structure):
 
 
 _lib = None  # the ctypes handle, once loaded
+_lib_path = None  # the path it was loaded from
 _allocator = None  # the CUDAPluggableAllocator, once installed
+
+# The functions install() needs; the hooks (_HOOKS) and
+# tlsf_get_device_calls are optional.
+_REQUIRED = ("tlsf_malloc", "tlsf_free", "tlsf_init", "tlsf_configure", "tlsf_get_stats", "tlsf_trim", "tlsf_last_error")
+
+# TLSF_PATH_ALL and the most devices (ordinals 0 to 63) in capi/tlsf.h.
+_PATH_ALL = -1
+_MAX_DEVICES = 64
 
 # (PyTorch setter on torch._C._CUDAPluggableAllocator, exported function)
 _HOOKS = [
@@ -85,10 +95,22 @@ def default_library():
 
 
 def _load(path):
-    global _lib
+    global _lib, _lib_path
     if _lib is not None:
+        if path != _lib_path:
+            raise RuntimeError(
+                "tlsf_torch: %s is loaded already; one process uses one library (asked for %s)" % (_lib_path, path)
+            )
         return _lib
-    lib = ctypes.CDLL(path)
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise OSError("tlsf_torch: loading %s: %s (build it with `make capi`, or set TLSF_LIB)" % (path, e)) from e
+    absent = [name for name in _REQUIRED if not hasattr(lib, name)]
+    if absent:
+        raise OSError("tlsf_torch: %s is not libtlsf.so: it lacks %s" % (path, ", ".join(absent)))
+    lib.tlsf_init.argtypes = [ctypes.c_int]
+    lib.tlsf_init.restype = None
     lib.tlsf_configure.argtypes = [ctypes.c_char_p]
     lib.tlsf_configure.restype = ctypes.c_int
     lib.tlsf_get_stats.argtypes = [ctypes.c_int, ctypes.POINTER(TlsfStats)]
@@ -100,7 +122,7 @@ def _load(path):
     lib.tlsf_trim.restype = ctypes.c_size_t
     lib.tlsf_last_error.argtypes = []
     lib.tlsf_last_error.restype = ctypes.c_char_p
-    _lib = lib
+    _lib, _lib_path = lib, path
     return lib
 
 
@@ -108,18 +130,45 @@ def _fn_pointer(lib, name):
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
+def _device(device, fn):
+    """device as a C int, or ValueError: an integer (bool excluded) in
+    0..63, as capi/tlsf.h's ordinals."""
+    if isinstance(device, bool):
+        raise ValueError("tlsf_torch.%s: device %r is not an ordinal" % (fn, device))
+    try:
+        d = operator.index(device)
+    except TypeError:
+        raise ValueError("tlsf_torch.%s: device %r is not an integer ordinal" % (fn, device)) from None
+    if not 0 <= d < _MAX_DEVICES:
+        raise ValueError("tlsf_torch.%s: device %d: want 0 to %d" % (fn, d, _MAX_DEVICES - 1))
+    return d
+
+
+def _text(value, what, fn):
+    """value (str or bytes) as bytes for C, or ValueError (a NUL inside
+    would cut it short)."""
+    b = value.encode() if isinstance(value, str) else value
+    if not isinstance(b, bytes):
+        raise ValueError("tlsf_torch.%s: %s %r: want str or bytes" % (fn, what, value))
+    if b"\0" in b:
+        raise ValueError("tlsf_torch.%s: %s %r contains a NUL" % (fn, what, value))
+    return b
+
+
 def install(lib=None, conf=""):
     """Make the tlsf pool PyTorch's CUDA allocator.
 
     lib: path of libtlsf.so (default: ``default_library()``).
-    conf: a configuration string for ``tlsf_configure`` ("" keeps
-    ``TLSF_ALLOC_CONF`` or the defaults), e.g. "max_bytes:40GiB".
+    conf: a configuration string (str or bytes) for ``tlsf_configure``
+    ("" keeps ``TLSF_ALLOC_CONF`` or the defaults), e.g. "max_bytes:40GiB".
 
     Must run before PyTorch initialises CUDA (before the first CUDA tensor
     or ``torch.cuda`` call that initialises it): PyTorch cannot swap an
-    allocator that is in use. Raises RuntimeError if it is too late or if
-    this was installed already, ValueError for a bad configuration,
-    OSError if the library cannot be loaded. Returns the library path.
+    allocator that is in use. Raises RuntimeError if it is too late, if
+    this was installed already, or if another library was loaded before;
+    ValueError for a bad configuration (conf, or ``TLSF_ALLOC_CONF``
+    without it); OSError if the library cannot be loaded or is not
+    libtlsf.so. Returns the library path.
     """
     global _allocator
     import torch
@@ -136,22 +185,29 @@ def install(lib=None, conf=""):
     if os.path.sep in path:
         path = os.path.abspath(path)
     clib = _load(path)
-    if conf and clib.tlsf_configure(conf.encode()) != 0:
+    if conf and clib.tlsf_configure(_text(conf, "conf", "install")) != 0:
         raise ValueError("tlsf_torch.install: " + last_error())
+    # tlsf_init checks the configuration now (TLSF_ALLOC_CONF's, without
+    # conf), so that a bad one fails here, not as a NULL from every
+    # tlsf_malloc, which PyTorch does not check.
+    clib.tlsf_init(0)
+    msg = last_error()
+    if msg:
+        raise ValueError("tlsf_torch.install: " + msg)
 
     alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "tlsf_malloc", "tlsf_free")
     native = alloc.allocator()
     missing = []
     for setter, name in _HOOKS:
         fn = getattr(native, setter, None)
-        if fn is None:
-            missing.append(setter)
+        if fn is None or not hasattr(clib, name):
+            missing.append(setter if fn is None else name)
             continue
         fn(_fn_pointer(clib, name))
     if missing:
         import warnings
 
-        warnings.warn("tlsf_torch.install: this PyTorch lacks " + ", ".join(missing) + "; those hooks are not wired")
+        warnings.warn("tlsf_torch.install: this PyTorch or library lacks " + ", ".join(missing) + "; those hooks are not wired")
     try:
         torch.cuda.memory.change_current_allocator(alloc)
     except RuntimeError as e:
@@ -181,13 +237,15 @@ def stats(device=0):
     capi/tlsf.h); zeros for a device with no pool yet.
     ``device_calls_by_path`` is a dict of the driver calls by the part of
     the pool that made them ("alloc", "out_of_memory", ...; they sum to
-    ``device_calls``). Raises RuntimeError when the library is not loaded
-    or the call fails."""
+    ``device_calls``). Raises ValueError for a device that is no ordinal
+    (0 to 63), RuntimeError when the library is not loaded or the call
+    fails."""
     if _lib is None:
         raise RuntimeError("tlsf_torch.stats: the library is not loaded (call install first)")
+    d = _device(device, "stats")
     s = TlsfStats()
     s.size = ctypes.sizeof(TlsfStats)
-    if _lib.tlsf_get_stats(int(device), ctypes.byref(s)) != 0:
+    if _lib.tlsf_get_stats(d, ctypes.byref(s)) != 0:
         raise RuntimeError("tlsf_torch.stats: " + last_error())
     out = {}
     for name, _ in TlsfStats._fields_:
@@ -203,35 +261,45 @@ def stats(device=0):
 
 def device_calls(path=None, call=None, device=0):
     """The driver calls the pool of a device made on ``path`` (one of
-    ``TlsfStats.PATHS``, such as "out_of_memory"; None: every path) to the
-    entry point ``call`` (such as "cuMemMap"; None: every entry point), as
-    tlsf_get_device_calls. Raises ValueError for an unknown path and
+    ``TlsfStats.PATHS``, such as "out_of_memory", or its TLSF_PATH_*
+    number; None or -1: every path) to the entry point ``call`` (str or
+    bytes, such as "cuMemMap"; None: every entry point), as
+    tlsf_get_device_calls. Raises ValueError for an unknown path, a call
+    name with a NUL in it or a device that is no ordinal, and
     RuntimeError when the library is not loaded or refuses the call (an
     unknown entry point, a library older than tlsf_get_device_calls)."""
     if _lib is None:
         raise RuntimeError("tlsf_torch.device_calls: the library is not loaded (call install first)")
     if not hasattr(_lib, "tlsf_get_device_calls"):
         raise RuntimeError("tlsf_torch.device_calls: the library is older than tlsf_get_device_calls")
+    d = _device(device, "device_calls")
     if path is None:
-        p = -1  # TLSF_PATH_ALL
+        p = _PATH_ALL
+    elif isinstance(path, int) and not isinstance(path, bool) and _PATH_ALL <= path < len(TlsfStats.PATHS):
+        p = path
     elif path in TlsfStats.PATHS:
         p = TlsfStats.PATHS.index(path)
     else:
-        raise ValueError("tlsf_torch.device_calls: unknown path %r (one of %s)" % (path, ", ".join(TlsfStats.PATHS)))
+        raise ValueError(
+            "tlsf_torch.device_calls: unknown path %r (one of %s, or 0 to %d; -1: all)"
+            % (path, ", ".join(TlsfStats.PATHS), len(TlsfStats.PATHS) - 1)
+        )
     n = ctypes.c_uint64()
-    name = None if call is None else call.encode()
-    if _lib.tlsf_get_device_calls(int(device), p, name, ctypes.byref(n)) != 0:
+    name = None if call is None else _text(call, "call", "device_calls")
+    if _lib.tlsf_get_device_calls(d, p, name, ctypes.byref(n)) != 0:
         raise RuntimeError("tlsf_torch.device_calls: " + last_error())
     return int(n.value)
 
 
 def trim(device=0):
     """Return the unused memory of a device's pool to the driver; returns
-    the bytes released. Raises RuntimeError on failure."""
+    the bytes released. Raises ValueError for a device that is no ordinal
+    (0 to 63), RuntimeError on failure."""
     if _lib is None:
         raise RuntimeError("tlsf_torch.trim: the library is not loaded (call install first)")
-    n = _lib.tlsf_trim(int(device))
-    msg = last_error()
-    if msg:
-        raise RuntimeError("tlsf_torch.trim: " + msg)
+    n = _lib.tlsf_trim(_device(device, "trim"))
+    if n == 0:  # a failure returns 0 and leaves a message
+        msg = last_error()
+        if msg:
+            raise RuntimeError("tlsf_torch.trim: " + msg)
     return int(n)

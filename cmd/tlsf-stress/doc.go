@@ -116,8 +116,9 @@
 // several traces, FILE-TRACE.ext each). PyTorch's viewer renders it:
 // drop it on pytorch.org/memory_viz, or run
 // python3 -m torch.cuda._memory_viz trace_plot FILE -o FILE.html. It is
-// also a trace this command replays. Both paths are checked before the
-// replays start.
+// also a trace this command replays. Every file either would write is
+// checked before the replays start: it can be written, it is none of the
+// trace files read, and no two traces share a name.
 //
 // With --json, replay prints one JSON object per line, per trace and
 // backend, with these fields (bytes are bytes, times ns):

@@ -3,8 +3,6 @@ package main
 import (
 	"fmt"
 	"image/color"
-	"path/filepath"
-	"strings"
 
 	"github.com/gpumem/tlsf/internal/trace"
 	"gonum.org/v1/plot"
@@ -20,11 +18,7 @@ import (
 // .png.
 func plotReplays(file string, traces []*trace.Trace, results []*replayResult, say func(string)) error {
 	for _, t := range traces {
-		name := file
-		if len(traces) > 1 {
-			ext := filepath.Ext(file)
-			name = strings.TrimSuffix(file, ext) + "-" + t.Name + ext
-		}
+		name := outputName(file, traces, t)
 		var rs []*replayResult
 		for _, r := range results {
 			if r.Trace == t.Name && len(r.series) > 0 {

@@ -92,14 +92,8 @@ python3 -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.`,
 				if ext := strings.ToLower(filepath.Ext(o.plot)); ext != ".svg" && ext != ".png" {
 					return usagef("--plot %q: the file name must end in .svg or .png", o.plot)
 				}
-				if err := checkOutputPath("--plot", o.plot); err != nil {
-					return err
-				}
 			}
 			if o.snapshot != "" {
-				if err := checkOutputPath("--snapshot", o.snapshot); err != nil {
-					return err
-				}
 				if _, ok := snapshotBackend(o.backends); !ok {
 					return usagef("--snapshot needs a pool backend (%s) in --backend", strings.Join(poolBackends, ", "))
 				}
@@ -192,6 +186,14 @@ func runReplay(cmd *cobra.Command, g *globalFlags, o *replayOpts, args []string)
 			return err
 		}
 		traces = append(traces, t)
+	}
+	for _, out := range []struct{ flag, file string }{{"--plot", o.plot}, {"--snapshot", o.snapshot}} {
+		if out.file == "" {
+			continue
+		}
+		if err := checkOutputs(out.flag, out.file, traces, args); err != nil {
+			return err
+		}
 	}
 	ds, err := openDevices(g, false)
 	if err != nil {

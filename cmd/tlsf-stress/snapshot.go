@@ -20,9 +20,9 @@ import (
 //
 //	python3 -m torch.cuda._memory_viz trace_plot FILE -o FILE.html
 
-// snapshotName is where the snapshot of trace t goes: file itself with
-// one trace, else FILE-TRACE.ext.
-func snapshotName(file string, traces []*trace.Trace, t *trace.Trace) string {
+// outputName is where --snapshot's or --plot's file for trace t goes:
+// file itself with one trace, else FILE-TRACE.ext.
+func outputName(file string, traces []*trace.Trace, t *trace.Trace) string {
 	if len(traces) == 1 {
 		return file
 	}
@@ -41,17 +41,43 @@ func snapshotBackend(backends []string) (string, bool) {
 	return "", false
 }
 
-// checkOutputPath fails at once where file cannot be written (its
-// directory is missing, or it is a directory), so that a bad path does
-// not fail only after the whole replay.
-func checkOutputPath(flag, file string) error {
-	dir := filepath.Dir(file)
-	st, err := os.Stat(dir)
-	if err != nil || !st.IsDir() {
-		return usagef("%s %q: no directory %q to write it in", flag, file, dir)
-	}
-	if st, err := os.Stat(file); err == nil && st.IsDir() {
-		return usagef("%s %q is a directory", flag, file)
+// checkOutputs fails at once, before any replay, where one of the files
+// flag's value file names for traces (outputName) cannot be written: two
+// traces of one name, a missing directory, a directory in its place, a
+// file it cannot open for writing, or one of the trace files read
+// (inputs, as given on the command line). A file that did not exist is
+// created to try, and removed again.
+func checkOutputs(flag, file string, traces []*trace.Trace, inputs []string) error {
+	seen := map[string]bool{}
+	for _, t := range traces {
+		name := outputName(file, traces, t)
+		if seen[name] {
+			return usagef("%s: two traces named %s would both be written to %s: rename one", flag, t.Name, name)
+		}
+		seen[name] = true
+		dir := filepath.Dir(name)
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			return usagef("%s %q: no directory %q to write it in", flag, name, dir)
+		}
+		st, err := os.Stat(name)
+		if err == nil && st.IsDir() {
+			return usagef("%s %q is a directory", flag, name)
+		}
+		if err == nil {
+			for _, in := range inputs {
+				if ist, ierr := os.Stat(in); ierr == nil && os.SameFile(st, ist) {
+					return usagef("%s would write %s over the trace it reads: give another name", flag, name)
+				}
+			}
+		}
+		f, ferr := os.OpenFile(name, os.O_WRONLY|os.O_CREATE, 0o644)
+		if ferr != nil {
+			return fmt.Errorf("%s: %w", flag, ferr)
+		}
+		_ = f.Close()
+		if err != nil { // created by this check
+			_ = os.Remove(name)
+		}
 	}
 	return nil
 }
@@ -63,7 +89,7 @@ func writeSnapshots(ds *devices, traces []*trace.Trace, o *replayOpts, say func(
 		return usagef("--snapshot needs a pool backend (%s, %s or %s) in --backend", backendVMM, backendChunks, backendPassthrough)
 	}
 	for _, t := range traces {
-		name := snapshotName(o.snapshot, traces, t)
+		name := outputName(o.snapshot, traces, t)
 		if err := writeSnapshot(ds, t, be, o, name); err != nil {
 			return fmt.Errorf("--snapshot %s: %w", name, err)
 		}
@@ -100,6 +126,7 @@ func writeSnapshot(ds *devices, t *trace.Trace, be string, o *replayOpts, name s
 			werr = cerr
 		}
 		if werr != nil {
+			_ = os.Remove(name) // no partial pickle left behind
 			return werr
 		}
 		return res.FreeLeft(a)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -49,6 +50,47 @@ func TestReplaySnapshotRefusesABadPathAtOnce(t *testing.T) {
 	_, stderr, status = cli(t, "replay", "--device", "sim", "--plot", "/no/such/dir/p.svg", "lstm")
 	require.Equal(t, exitUsage, status)
 	require.Contains(t, stderr, `--plot "/no/such/dir/p.svg": no directory`)
+}
+
+// --snapshot and --plot never write over a trace they read, nor write two
+// traces of one name to one file, and a bad per-trace name is found
+// before the replays.
+func TestReplayOutputsAreCheckedPerTraceAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.pickle")
+	_, stderr, status := cli(t, "replay", "--device", "sim", "--backend", "tlsf-chunks", "--snapshot", in, "lstm")
+	require.Equal(t, exitOK, status, stderr)
+	before, err := os.ReadFile(in)
+	require.NoError(t, err)
+	for _, flag := range []string{"--snapshot", "--plot"} {
+		out := in
+		if flag == "--plot" {
+			out = filepath.Join(dir, "in.svg")
+			require.NoError(t, os.WriteFile(out, before, 0o644)) // a trace that happens to end in .svg
+		}
+		_, stderr, status = cli(t, "replay", "--device", "sim", "--backend", "tlsf-chunks", flag, out, out)
+		require.Equal(t, exitUsage, status, stderr)
+		require.Contains(t, stderr, "over the trace it reads")
+	}
+	after, err := os.ReadFile(in)
+	require.NoError(t, err)
+	require.Equal(t, before, after, "the trace read is unchanged")
+
+	_, stderr, status = cli(t, "replay", "--device", "sim", "--snapshot", filepath.Join(dir, "s.pickle"), "lstm", "lstm")
+	require.Equal(t, exitUsage, status)
+	require.Contains(t, stderr, "two traces named lstm")
+
+	// With several traces the files are FILE-TRACE.ext: one that is a
+	// directory is refused before any replay, while FILE may be one.
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "s-tdnn.pickle"), 0o755))
+	_, stderr, status = cli(t, "replay", "--device", "sim", "--snapshot", filepath.Join(dir, "s.pickle"), "lstm", "tdnn")
+	require.Equal(t, exitUsage, status)
+	require.Contains(t, stderr, "s-tdnn.pickle\" is a directory")
+	_, err = os.Stat(filepath.Join(dir, "s-lstm.pickle"))
+	require.True(t, os.IsNotExist(err), "the check leaves no file behind")
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "d"), 0o755))
+	_, stderr, status = cli(t, "replay", "--device", "sim", "--backend", "tlsf-chunks", "--warm-runs", "1", "--snapshot", filepath.Join(dir, "d"), "lstm", "tdnn")
+	require.Equal(t, exitOK, status, stderr)
 }
 
 func TestReplayShowsWhyAllocationsFailedWithoutJSON(t *testing.T) {
