@@ -18,9 +18,13 @@ package pool
 // Locking: the layer's mutex guards its table of live blocks. The pool's
 // lock may be held when it is taken (AllocPitch, Stats, Check, Close), never
 // the other way round: alloc and free take it only before or after the
-// pool's own calls, not around them.
+// pool's own calls, not around them. The red zone is filled and read
+// under the pool's lock, after a check that the pool is open: a Close in
+// between would have unmapped the block (and the driver may have given
+// its memory to someone else).
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -37,6 +41,11 @@ type debugLayer struct {
 
 	mu   sync.Mutex
 	live map[uintptr]debugBlock // by pointer: blocks handed out through the layer
+	// freeing holds the blocks a free has taken out of live and not yet
+	// finished: a second free of one meanwhile is a double free, not a
+	// pointer the layer never saw.
+	freeing map[uintptr]struct{}
+	closed  bool // forget ran (Close): a failed free puts nothing back
 	// extra is the bytes the pool's counters hold for red zones of live
 	// blocks: the block size of size+guard minus that of size (at most
 	// the former: Pool.blockSize), summed.
@@ -59,7 +68,7 @@ type debugBlock struct {
 // watches the process, before the heap takes any memory. Errors:
 // ErrBadOptions (Guard on a device without byte fills).
 func (p *Pool) initDebug() error {
-	d := &debugLayer{p: p, guard: p.opts.Guard, live: map[uintptr]debugBlock{}}
+	d := &debugLayer{p: p, guard: p.opts.Guard, live: map[uintptr]debugBlock{}, freeing: map[uintptr]struct{}{}}
 	if d.guard > 0 {
 		bs, ok := p.dev.Device.(device.ByteSetter)
 		if !ok {
@@ -119,8 +128,10 @@ func (d *debugLayer) alloc(size uint64, s device.Stream) (uintptr, error) {
 		return 0, err
 	}
 	if d.guard > 0 {
-		if err := d.guardFill(ptr, size, s); err != nil {
-			_ = p.freeUnchecked(ptr, s)
+		if err := d.lockedGuard(func() error { return d.guardFill(ptr, size, s) }); err != nil {
+			if !errors.Is(err, ErrClosed) {
+				_ = p.freeUnchecked(ptr, s)
+			}
 			return 0, err
 		}
 	}
@@ -182,16 +193,29 @@ func (d *debugLayer) free(ptr uintptr, s device.Stream) error {
 	p := d.p
 	d.mu.Lock()
 	b, ok := d.live[ptr]
-	delete(d.live, ptr) // no second free of ptr gets past here meanwhile
+	_, busy := d.freeing[ptr]
+	if ok {
+		delete(d.live, ptr)
+		d.freeing[ptr] = struct{}{}
+	}
 	d.mu.Unlock()
+	if busy {
+		return fmt.Errorf("%w: %#x, which another goroutine is freeing", ErrDoubleFree, ptr)
+	}
 	if !ok {
 		return p.freeUnchecked(ptr, s) // not ours: the pool says why
 	}
-	restore := func() {
+	// finish ends the free: the block is the caller's again (restore), or
+	// gone.
+	finish := func(restore bool) {
 		d.mu.Lock()
-		d.live[ptr] = b
+		delete(d.freeing, ptr)
+		if restore && !d.closed {
+			d.live[ptr] = b
+		}
 		d.mu.Unlock()
 	}
+	restore := func() { finish(true) }
 	if d.guard > 0 && !b.pitch {
 		if s != 0 {
 			if err := p.dev.unlockedStreamSynchronize(s); err != nil {
@@ -199,10 +223,16 @@ func (d *debugLayer) free(ptr uintptr, s device.Stream) error {
 				return fmt.Errorf("pool: synchronizing stream %#x before a red-zone check: %w", uintptr(s), err)
 			}
 		}
-		if err := d.guardVerify(ptr, b); err != nil {
-			// Reported once: the zone is filled again, so that freeing
-			// the block again succeeds unless it is overrun again.
-			_ = d.guardFill(ptr, b.size, s)
+		err := d.lockedGuard(func() error {
+			err := d.guardVerify(ptr, b)
+			if errors.Is(err, ErrCorrupted) {
+				// Reported once: the zone is filled again, so that freeing
+				// the block again succeeds unless it is overrun again.
+				_ = d.guardFill(ptr, b.size, s)
+			}
+			return err
+		})
+		if err != nil {
 			restore()
 			return err
 		}
@@ -218,10 +248,25 @@ func (d *debugLayer) free(ptr uintptr, s device.Stream) error {
 		return err
 	}
 	d.mu.Lock()
-	d.extra -= b.extra
-	d.user -= b.user
+	delete(d.freeing, ptr)
+	if !d.closed {
+		d.extra -= b.extra
+		d.user -= b.user
+	}
 	d.mu.Unlock()
 	return nil
+}
+
+// lockedGuard runs f, a red-zone fill or read, under the pool's lock if
+// the pool is open. Errors: ErrClosed, f's.
+func (d *debugLayer) lockedGuard(f func() error) error {
+	p := d.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	return f()
 }
 
 // adjustStats takes red zones out of a snapshot: Allocated and Active
@@ -251,5 +296,6 @@ func (d *debugLayer) forget() {
 	d.mu.Lock()
 	clear(d.live)
 	d.extra, d.user = 0, 0
+	d.closed = true
 	d.mu.Unlock()
 }

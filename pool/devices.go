@@ -45,8 +45,8 @@ func NewDevices(opts Options) (*Devices, error) {
 // NewDevicesOn returns a Devices whose pools use the devices open returns
 // (for example a sim.Host's Device(k)); the pools do not close them, the
 // caller does after Close. open is called at most once per ordinal that
-// Get succeeds for, and must return a device whose Ordinal is the one
-// asked for. Errors: ErrBadOptions (a nil open, or bad Options).
+// Get succeeds for (again after the caller closed that ordinal's pool),
+// and must return a device whose Ordinal is the one asked for. Errors: ErrBadOptions (a nil open, or bad Options).
 func NewDevicesOn(open func(ordinal int) (device.Device, error), opts Options) (*Devices, error) {
 	if open == nil {
 		return nil, fmt.Errorf("%w: nil device opener", ErrBadOptions)
@@ -58,8 +58,9 @@ func NewDevicesOn(open func(ordinal int) (device.Device, error), opts Options) (
 }
 
 // Get returns the pool of GPU ordinal, making it on first use (the
-// device's open, then New). A failed Get makes nothing, and a later Get
-// tries again.
+// device's open, then New), and anew where the caller closed the pool
+// Get returned before. A failed Get makes nothing, and a later Get tries
+// again.
 //
 // Errors: ErrClosed; device.ErrNoDevice (wrapped) for an ordinal no
 // device has; ErrBadOptions when open returns a device of another
@@ -71,7 +72,10 @@ func (d *Devices) Get(ordinal int) (*Pool, error) {
 		return nil, ErrClosed
 	}
 	if p := d.pools[ordinal]; p != nil {
-		return p, nil
+		if !p.isClosed() {
+			return p, nil
+		}
+		delete(d.pools, ordinal) // closed by the caller: made anew below
 	}
 	if ordinal < 0 {
 		return nil, fmt.Errorf("pool: device ordinal %d: %w", ordinal, device.ErrNoDevice)
@@ -127,10 +131,17 @@ func (d *Devices) Close() error {
 	d.closed = true
 	var errs []error
 	for _, k := range slices.Sorted(maps.Keys(d.pools)) {
-		if err := d.pools[k].Close(); err != nil {
+		if err := d.pools[k].Close(); err != nil && !errors.Is(err, ErrClosed) { // ErrClosed: the caller closed it
 			errs = append(errs, fmt.Errorf("pool: closing device %d: %w", k, err))
 		}
 	}
 	d.pools = nil
 	return errors.Join(errs...)
+}
+
+// isClosed reports whether Close ran. Takes the pool's lock.
+func (p *Pool) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
 }

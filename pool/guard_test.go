@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/device/sim"
@@ -251,5 +252,78 @@ func TestGuardConcurrent(t *testing.T) {
 			_, regions := chk.live()
 			require.Zero(t, regions)
 		})
+	}
+}
+
+// Two frees of one block at once in guard mode: the second, arriving
+// while the first reads the red zone, is a double free; the first frees
+// the block, and the layer's and the pool's counters agree after.
+func TestGuardConcurrentDoubleFreeIsRefused(t *testing.T) {
+	for _, o := range guardConfigs(256) {
+		t.Run(guardName(o), func(t *testing.T) {
+			sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+			d := onSim(sd)
+			p := openPool(t, d, o)
+			x, err := p.Alloc(64 * kiB)
+			require.NoError(t, err)
+			var second error
+			armed := true
+			sd.SetHook(func(c device.Call) {
+				if c == device.CallMemcpyDtoH && armed {
+					armed = false
+					second = p.Free(x) // the other goroutine's, at this moment
+				}
+			})
+			require.NoError(t, p.Free(x))
+			sd.SetHook(nil)
+			require.False(t, armed, "the red zone was read")
+			require.ErrorIs(t, second, ErrDoubleFree)
+			require.ErrorIs(t, p.Free(x), ErrDoubleFree)
+			s := p.Stats()
+			require.Zero(t, s.Allocated)
+			require.Zero(t, s.Allocations)
+			checkStep(t, p, d)
+			y, err := p.Alloc(64 * kiB)
+			require.NoError(t, err)
+			require.NoError(t, p.Free(y))
+			checkStep(t, p, d)
+		})
+	}
+}
+
+// A Close that another goroutine starts while guard mode fills or reads
+// a red zone waits for it: the fill and the read are on mapped memory,
+// the call returns its block or ErrClosed, never a device error.
+func TestGuardCloseWaitsForARedZoneInFlight(t *testing.T) {
+	for _, call := range []device.Call{device.CallMemsetD8Async, device.CallMemcpyDtoH} {
+		for _, o := range guardConfigs(256) {
+			t.Run(call.String()+"/"+guardName(o), func(t *testing.T) {
+				sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+				p, err := New(sd, o)
+				require.NoError(t, err)
+				x, err := p.Alloc(4096)
+				require.NoError(t, err)
+				closed := make(chan error, 1)
+				armed := true
+				sd.SetHook(func(c device.Call) {
+					if c == call && armed {
+						armed = false
+						go func() { closed <- p.Close() }()
+						time.Sleep(2 * time.Millisecond) // room for the Close to run, were it not waiting
+					}
+				})
+				if call == device.CallMemsetD8Async {
+					_, err = p.Alloc(4096)
+				} else {
+					err = p.Free(x)
+				}
+				if err != nil {
+					require.ErrorIs(t, err, ErrClosed)
+				}
+				require.NoError(t, <-closed)
+				sd.SetHook(nil)
+				require.Empty(t, sd.Violations())
+			})
+		}
 	}
 }

@@ -6,7 +6,9 @@ package pool
 
 // SetMaxBytes sets the cap on reserved memory to n bytes, as
 // Options.MaxBytes (0: no cap in bytes; MaxFraction still applies). The
-// cap applies from the next growth on: memory reserved above a lowered
+// cap applies from the next growth on (a cap below the allocation
+// granularity, 1 say, refuses every growth, as a memory fraction of 0
+// does in PyTorch): memory reserved above a lowered
 // cap is not returned at once (Trim returns what is unused), and until
 // reserved memory falls below the cap every request that needs more fails
 // with ErrOutOfMemory after the out-of-memory path. Safe for concurrent

@@ -19,6 +19,9 @@ import (
 // its block or a final error other than out-of-memory. Pool lock held on
 // entry and on return, even if the hook panics.
 func (p *Pool) retryAfterHook(size, align uint64) (b tlsf.Block, err error, done bool) {
+	if p.hooks >= maxOOMHooks {
+		return tlsf.Block{}, nil, false // fails as without a hook
+	}
 	if err := p.runOOMHook(size); err != nil {
 		return tlsf.Block{}, err, true
 	}
@@ -41,19 +44,28 @@ func (p *Pool) retryAfterHook(size, align uint64) (b tlsf.Block, err error, done
 	return tlsf.Block{}, nil, false
 }
 
+// maxOOMHooks bounds the calls of Options.OnOutOfMemory running at once
+// (Pool.hooks): a hook that allocates from the pool, and fails, would
+// otherwise call itself until the goroutine's stack ran out. Beyond it a
+// failing request fails as without a hook.
+const maxOOMHooks = 64
+
 // runOOMHook calls Options.OnOutOfMemory with the pool's lock released,
-// and takes it again, even if the hook panics. Errors: ErrClosed (the
-// hook, or another goroutine meanwhile, closed the pool).
+// and takes it again, even if the hook panics. Callers check maxOOMHooks
+// first. Errors: ErrClosed (the hook, or another goroutine meanwhile,
+// closed the pool).
 func (p *Pool) runOOMHook(size uint64) error {
 	hook := p.opts.OnOutOfMemory
 	// Calls made while the lock is free (the hook's own, other
 	// goroutines') are not this request's out-of-memory path.
 	path := Path(p.dev.path.Load())
 	p.dev.leave(PathOther)
+	p.hooks++
 	p.mu.Unlock()
 	func() {
 		defer func() {
 			p.mu.Lock()
+			p.hooks--
 			p.dev.leave(path)
 		}()
 		hook(size)

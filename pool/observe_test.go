@@ -195,6 +195,35 @@ func TestOnOutOfMemoryRunsBeforeTheFailureAndThePoolRetries(t *testing.T) {
 	}
 }
 
+// A hook that allocates from the pool, and fails, calls itself again: as
+// deep as maxOOMHooks, then the request fails without it (before, until
+// the goroutine's stack ran out).
+func TestAnOutOfMemoryHookThatAllocatesIsBounded(t *testing.T) {
+	for _, be := range allBackends {
+		t.Run(be.String(), func(t *testing.T) {
+			d := onSim(sim.New(sim.Config{Capacity: giB}))
+			var p *Pool
+			depth, deepest := 0, 0
+			p = openPool(t, d, Options{Backend: be, MaxBytes: 64 * miB, OnOutOfMemory: func(req uint64) {
+				depth++
+				deepest = max(deepest, depth)
+				_, err := p.Alloc(req)
+				require.ErrorIs(t, err, ErrOutOfMemory)
+				depth--
+			}})
+			held, err := p.Alloc(48 * miB)
+			require.NoError(t, err)
+			before := p.Stats()
+			_, err = p.Alloc(32 * miB)
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			require.Equal(t, maxOOMHooks, deepest)
+			require.Equal(t, before.Reserved, p.Stats().Reserved)
+			checkStep(t, p, d)
+			require.NoError(t, p.Free(held))
+		})
+	}
+}
+
 func TestOnOutOfMemoryMayCloseThePool(t *testing.T) {
 	d := onSim(sim.New(sim.Config{Capacity: giB}))
 	var p *Pool

@@ -254,7 +254,10 @@ type Options struct {
 	// free memory (run the Go GC and finalizers that free device memory,
 	// drop caches of its own) and may call the pool. The pool then retries
 	// once (flush, wait, move, search, grow) and fails only if that fails
-	// too. It may be called from several goroutines at once. It is not
+	// too. It may be called from several goroutines at once, up to 64
+	// calls at a time (maxOOMHooks): a hook that allocates from the pool
+	// and fails calls itself again, as deep as that, and a request that
+	// fails beyond it fails without calling the hook. It is not
 	// called for a request that can never succeed (its block above the
 	// cap or the device's total memory), which fails at once, nor by a
 	// passthrough pool's AllocPitch.

@@ -70,7 +70,7 @@ func (t *passthrough) alloc(p *Pool, size uint64, s device.Stream) (uintptr, err
 			return 0, err
 		}
 		hopeless := (capped && size > limit) || size > p.total // as hopeless() in the pool
-		if !hopeless && ((capped && t.reserved+size > limit) || size > free) {
+		if !hopeless && p.hooks < maxOOMHooks && ((capped && t.reserved+size > limit) || size > free) {
 			if err := p.runOOMHook(size); err != nil {
 				return 0, err
 			}

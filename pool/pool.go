@@ -39,6 +39,7 @@ type Pool struct {
 	opts    Options
 	backend Backend
 	owned   bool // Close closes the device too
+	hooks   int  // calls of Options.OnOutOfMemory running (runOOMHook); pool lock
 
 	x    *tlsf.Index
 	heap heap
@@ -1943,6 +1944,9 @@ func (p *Pool) Trim() (uint64, error) {
 // Close returns all device memory to the driver, live allocations
 // included (their pointers become invalid), after waiting for pending
 // stream-ordered frees; a pool made by NewCUDA also releases its device.
+// It does not wait for work still queued on live allocations (it
+// synchronizes only the streams that freed memory): finish that work
+// first (cuStreamSynchronize, cuCtxSynchronize), as before freeing them.
 // Every later call returns ErrClosed. Errors: ErrClosed (closed already),
 // device errors (the pool is closed regardless).
 func (p *Pool) Close() error {

@@ -6,7 +6,9 @@
 // Register one collector per pool, with constant labels that tell pools
 // apart where a process has several:
 //
-//	reg.MustRegister(poolmetrics.New(p, prometheus.Labels{"gpu": "0"}))
+//	c, err := poolmetrics.New(p, prometheus.Labels{"gpu": "0"})
+//	if err != nil { ... }
+//	reg.MustRegister(c)
 //
 // Every metric is named tlsf_pool_*. Bytes are bytes; gauges give the
 // state at the scrape, *_total counters count since the pool was made,

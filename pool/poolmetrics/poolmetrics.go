@@ -1,6 +1,7 @@
 package poolmetrics
 
 import (
+	"fmt"
 	"strconv"
 
 	"github.com/gpumem/tlsf/device"
@@ -30,8 +31,15 @@ type counter struct {
 
 // New returns a collector of p's statistics; labels are added to every
 // metric (nil for none). The backend is a label of its own ("backend":
-// vmm, chunks or passthrough).
-func New(p *pool.Pool, labels prometheus.Labels) *Collector {
+// vmm, chunks or passthrough). Errors: pool.ErrBadOptions for a nil pool
+// or a label named "backend".
+func New(p *pool.Pool, labels prometheus.Labels) (*Collector, error) {
+	if p == nil {
+		return nil, fmt.Errorf("%w: poolmetrics.New: nil pool", pool.ErrBadOptions)
+	}
+	if _, ok := labels["backend"]; ok {
+		return nil, fmt.Errorf("%w: poolmetrics.New: the label \"backend\" is the collector's own (the pool's backend)", pool.ErrBadOptions)
+	}
 	cl := prometheus.Labels{"backend": p.Backend().String()}
 	for k, v := range labels {
 		cl[k] = v
@@ -72,7 +80,7 @@ func New(p *pool.Pool, labels prometheus.Labels) *Collector {
 	c.calls = desc("device_calls_total", "Driver calls the pool made, by entry point.", "call")
 	c.paths = desc("device_calls_by_path_total", "Driver calls the pool made, by the part of the pool that made them (pool.Path) and entry point.", "path", "call")
 	c.bySize = desc("allocs_by_size_total", "Successful allocations by block size: blocks of more than le_bytes/2 and at most le_bytes bytes.", "le_bytes")
-	return c
+	return c, nil
 }
 
 // Describe sends the descriptors of every metric.

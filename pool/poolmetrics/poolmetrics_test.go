@@ -25,7 +25,8 @@ func TestCollectorReportsThePoolsStatistics(t *testing.T) {
 	_, err = p.Alloc(1 << 40)
 	require.ErrorIs(t, err, pool.ErrOutOfMemory)
 
-	c := poolmetrics.New(p, prometheus.Labels{"gpu": "0"})
+	c, err := poolmetrics.New(p, prometheus.Labels{"gpu": "0"})
+	require.NoError(t, err)
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(c))
 
@@ -93,8 +94,12 @@ func ExampleNew() {
 		panic(err)
 	}
 	defer p.Close()
+	c, err := poolmetrics.New(p, prometheus.Labels{"gpu": "0"})
+	if err != nil {
+		panic(err)
+	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(poolmetrics.New(p, prometheus.Labels{"gpu": "0"}))
+	reg.MustRegister(c)
 	// http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	n, _ := testutil.GatherAndCount(reg, "tlsf_pool_reserved_bytes", "tlsf_pool_allocated_bytes")
 	fmt.Println("series:", n)
@@ -108,9 +113,21 @@ func TestCollectorScrapesAClosedPool(t *testing.T) {
 	_, err = p.Alloc(4096)
 	require.NoError(t, err)
 	require.NoError(t, p.Close())
-	n, err := testutil.GatherAndCount(prometheusRegistry(t, poolmetrics.New(p, nil)), "tlsf_pool_allocs_total")
+	c, err := poolmetrics.New(p, nil)
+	require.NoError(t, err)
+	n, err := testutil.GatherAndCount(prometheusRegistry(t, c), "tlsf_pool_allocs_total")
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
+}
+
+func TestNewRefusesANilPoolAndABackendLabel(t *testing.T) {
+	_, err := poolmetrics.New(nil, nil)
+	require.ErrorIs(t, err, pool.ErrBadOptions)
+	p, err := pool.New(sim.New(sim.Config{Capacity: 1 << 30}), pool.Options{})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = poolmetrics.New(p, prometheus.Labels{"backend": "mine"})
+	require.ErrorIs(t, err, pool.ErrBadOptions)
 }
 
 func prometheusRegistry(t *testing.T, c prometheus.Collector) *prometheus.Registry {
