@@ -25,6 +25,15 @@ func guardConfigs(guard uint64) []Options {
 
 func guardName(o Options) string { return configName(o.Backend, o.Cache.Disable) }
 
+// openGuarded opens a pool with o on a simulated GPU of 1 GiB that keeps
+// memory contents (guard mode reads red zones back).
+func openGuarded(t *testing.T, o Options) (*Pool, *sim.Device, testDevice) {
+	t.Helper()
+	sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+	d := onSim(sd)
+	return openPool(t, d, o), sd, d
+}
+
 // storeByte writes one byte as a kernel would.
 func storeByte(t *testing.T, sd *sim.Device, at uintptr, v byte) {
 	t.Helper()
@@ -34,9 +43,7 @@ func storeByte(t *testing.T, sd *sim.Device, at uintptr, v byte) {
 func TestGuardCatchesOneByteOverrunOnFree(t *testing.T) {
 	for _, o := range guardConfigs(64) {
 		t.Run(guardName(o), func(t *testing.T) {
-			sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
-			d := onSim(sd)
-			p := openPool(t, d, o)
+			p, sd, d := openGuarded(t, o)
 			const size = 1000 // not a multiple of 4 or 256: the zone starts mid-word
 			ptr, err := p.Alloc(size)
 			require.NoError(t, err)
@@ -65,9 +72,7 @@ func TestGuardCatchesOneByteOverrunOnFree(t *testing.T) {
 func TestGuardCheckReportsOverrun(t *testing.T) {
 	for _, o := range guardConfigs(16) {
 		t.Run(guardName(o), func(t *testing.T) {
-			sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
-			d := onSim(sd)
-			p := openPool(t, d, o)
+			p, sd, d := openGuarded(t, o)
 			var ptrs []uintptr
 			for _, n := range []uint64{1, 256, 4097, 3 * miB} {
 				ptr, err := p.Alloc(n)
@@ -100,9 +105,7 @@ func TestGuardStatisticsExcludeRedZones(t *testing.T) {
 			plain := o
 			plain.Guard = 0
 			run := func(o Options) []Stats {
-				sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
-				d := onSim(sd)
-				p := openPool(t, d, o)
+				p, _, d := openGuarded(t, o)
 				var out []Stats
 				var ptrs []uintptr
 				for _, n := range sizes {
@@ -141,9 +144,7 @@ func TestGuardStatisticsExcludeRedZones(t *testing.T) {
 func TestGuardBadInput(t *testing.T) {
 	for _, o := range guardConfigs(8) {
 		t.Run(guardName(o), func(t *testing.T) {
-			sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
-			d := onSim(sd)
-			p := openPool(t, d, o)
+			p, _, d := openGuarded(t, o)
 			ptr, err := p.Alloc(100)
 			require.NoError(t, err)
 			before := p.Stats()
@@ -261,9 +262,7 @@ func TestGuardConcurrent(t *testing.T) {
 func TestGuardConcurrentDoubleFreeIsRefused(t *testing.T) {
 	for _, o := range guardConfigs(256) {
 		t.Run(guardName(o), func(t *testing.T) {
-			sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
-			d := onSim(sd)
-			p := openPool(t, d, o)
+			p, sd, d := openGuarded(t, o)
 			x, err := p.Alloc(64 * kiB)
 			require.NoError(t, err)
 			var second error
