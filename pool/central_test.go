@@ -255,11 +255,16 @@ func TestRefillsServeOtherCachesNewestFirst(t *testing.T) {
 	require.Equal(t, newestFirst(stack), taken)
 	checkStep(t, p, d)
 
-	// An idle P's stack, adopted at the scan this refill runs.
+	// An idle P's stack, adopted at the scan this refill runs. Pinned to
+	// the refill, so that the goroutine cannot move to the other P
+	// meanwhile (it may have moved since the first part).
 	p.mu.Lock()
+	self = procPin()
+	other = (self + 1) % len(c.ps)
 	stack = onStack(p, other, class, allCached(p), true)
 	c.refills = idleScanEvery - 1
 	ptr, err := c.refillLocked(4 * kiB)
+	procUnpin()
 	p.mu.Unlock()
 	require.NoError(t, err)
 	require.Equal(t, stack[len(stack)-1], uint64(ptr), "the adopted stack's newest")

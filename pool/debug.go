@@ -42,10 +42,13 @@ type debugLayer struct {
 	mu   sync.Mutex
 	live map[uintptr]debugBlock // by pointer: blocks handed out through the layer
 	// freeing holds the blocks a free has taken out of live and not yet
-	// finished: a second free of one meanwhile is a double free, not a
-	// pointer the layer never saw.
-	freeing map[uintptr]struct{}
-	closed  bool // forget ran (Close): a failed free puts nothing back
+	// finished, each with the number of its free: a second free of one
+	// meanwhile is a double free, not a pointer the layer never saw. (The
+	// address may be allocated again, and freed, before the first free
+	// ends: each free removes only its own entry.)
+	freeing map[uintptr]uint64
+	frees   uint64 // numbers the frees
+	closed  bool   // forget ran (Close): a failed free puts nothing back
 	// extra is the bytes the pool's counters hold for red zones of live
 	// blocks: the block size of size+guard minus that of size (at most
 	// the former: Pool.blockSize), summed.
@@ -68,7 +71,7 @@ type debugBlock struct {
 // watches the process, before the heap takes any memory. Errors:
 // ErrBadOptions (Guard on a device without byte fills).
 func (p *Pool) initDebug() error {
-	d := &debugLayer{p: p, guard: p.opts.Guard, live: map[uintptr]debugBlock{}, freeing: map[uintptr]struct{}{}}
+	d := &debugLayer{p: p, guard: p.opts.Guard, live: map[uintptr]debugBlock{}, freeing: map[uintptr]uint64{}}
 	if d.guard > 0 {
 		bs, ok := p.dev.Device.(device.ByteSetter)
 		if !ok {
@@ -194,12 +197,15 @@ func (d *debugLayer) free(ptr uintptr, s device.Stream) error {
 	d.mu.Lock()
 	b, ok := d.live[ptr]
 	_, busy := d.freeing[ptr]
+	var me uint64
 	if ok {
 		delete(d.live, ptr)
-		d.freeing[ptr] = struct{}{}
+		d.frees++
+		me = d.frees
+		d.freeing[ptr] = me
 	}
 	d.mu.Unlock()
-	if busy {
+	if !ok && busy {
 		return fmt.Errorf("%w: %#x, which another goroutine is freeing", ErrDoubleFree, ptr)
 	}
 	if !ok {
@@ -209,7 +215,9 @@ func (d *debugLayer) free(ptr uintptr, s device.Stream) error {
 	// gone.
 	finish := func(restore bool) {
 		d.mu.Lock()
-		delete(d.freeing, ptr)
+		if d.freeing[ptr] == me {
+			delete(d.freeing, ptr)
+		}
 		if restore && !d.closed {
 			d.live[ptr] = b
 		}
@@ -248,7 +256,9 @@ func (d *debugLayer) free(ptr uintptr, s device.Stream) error {
 		return err
 	}
 	d.mu.Lock()
-	delete(d.freeing, ptr)
+	if d.freeing[ptr] == me {
+		delete(d.freeing, ptr)
+	}
 	if !d.closed {
 		d.extra -= b.extra
 		d.user -= b.user

@@ -40,7 +40,10 @@
 // The index manages regions: disjoint address ranges added with AddRegion,
 // grown at their end with GrowRegion (a pool's virtual heap is one range
 // that grows), and removed with RemoveRegion once wholly free. Blocks never
-// merge across regions, even adjacent ones.
+// merge across regions, even adjacent ones. A split or merge that changes a
+// region's top block finds the region by binary search, O(log regions):
+// O(1) for a pool's one growing heap, and a few steps for a chunk pool's
+// chunks.
 //
 // # Rules for callers
 //

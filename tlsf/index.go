@@ -284,11 +284,14 @@ func (x *Index) Detach(addr uint64) (Block, error) {
 }
 
 // Attach puts block b, detached by Detach, back in the address table: it
-// undoes Detach.
+// undoes Detach. b must be the Block that Detach returned and not yet
+// attached or freed: Attach checks nothing (it is on the pool's free path),
+// and any other block corrupts the index (Check then fails) or panics.
 func (x *Index) Attach(b Block) { x.live.Put(b.Addr, uint64(b.ID)) }
 
 // FreeDetached frees block b, detached by Detach, and merges it with its
-// free neighbours, as Free does, in O(1).
+// free neighbours, as Free does, in O(1). As for Attach, b must be the
+// Block Detach returned, not yet attached or freed; nothing is checked.
 func (x *Index) FreeDetached(b Block) { x.freeRecord(b.ID, b.Addr) }
 
 // freeRecord frees allocated record b at addr, already out of the address
@@ -357,7 +360,7 @@ func (x *Index) findSuitable(size, need uint64) (b uint32, list uint) {
 	fl, sl := x.insert(size)
 	slMap := x.slBitmap[fl&63] & (^uint64(0) << (sl & 63))
 	if slMap == 0 {
-		// fl+1 ≤ numFL ≤ 63 here: numFL is at most 48.
+		// fl+1 ≤ numFL ≤ 63 here: numFL is at most 49.
 		flMap := x.flBitmap & (^uint64(0) << ((fl + 1) & 63))
 		if flMap == 0 {
 			return nilRec, 0
@@ -445,7 +448,7 @@ func (x *Index) newRecord() uint32 {
 }
 
 // The wilderness list (Config.Wilderness) is list (wildFL, wildSL), which
-// no size maps to (sizes map to first-level indexes below numFL ≤ 48), so
+// no size maps to (sizes map to first-level indexes below numFL ≤ 49), so
 // that the bitmaps' find-first-set reaches it after every size-class list.
 const (
 	wildFL, wildSL = 63, 63

@@ -435,7 +435,7 @@ func confVMMErrors(t *testing.T, d device.Device) {
 	require.NoError(t, err)
 	require.NoError(t, d.MemMap(va, g, h))
 	assert.Error(t, d.MemMap(va, g, h2), "mapping over a mapped range")
-	assert.Error(t, d.MemMap(va+uintptr(g+g/2), g, h2), "mapping past the reservation's end")
+	assert.Error(t, d.MemMap(va+uintptr(g+g/2), g, h2), "a mapping not aligned to the granularity")
 
 	require.NoError(t, d.MemUnmap(va, g))
 	require.NoError(t, d.MemRelease(h))

@@ -234,9 +234,13 @@ func (s *Device) resolveFrom(c device.Call, ptr uintptr, n uint64) ([]simSpan, *
 
 // MemcpyDtoDAsync copies n bytes from src to dst on stream h of this GPU
 // (cuMemcpyDtoDAsync_v2). Either side may be another GPU's memory that
-// this GPU may reach (see the file comment). The copy runs at once, after
-// the work queued before it on h. With Shadow the contents move; reading
-// or writing bytes that queued work will write records a race. Errors:
+// this GPU may reach (see the file comment). Within this GPU's memory the
+// copy is queued on h as a memset is (a held stream keeps it queued;
+// freeing memory it will read or write meanwhile is a violation); a copy
+// from or to another GPU runs at once, after the work queued before it on
+// h, ending a hold on h (a Sim limit). With Shadow the contents move;
+// reading or writing bytes that other queued work will write records a
+// race. Errors:
 // an unknown stream, pointers or n not multiples of 4 (a Sim limit), or
 // memory this GPU may not reach is ErrInvalidValue; bytes not allocated
 // or not mapped are ErrIllegalAddress. n = 0 does nothing.
@@ -261,6 +265,14 @@ func (s *Device) MemcpyDtoDAsync(dst, src uintptr, n uint64, h device.Stream) er
 		if err != nil {
 			return 0, err
 		}
+		if fo == s && to_ == s {
+			// Queued behind the stream's work, as a memset is: a hold
+			// keeps it queued.
+			s.enqueue(st, &simItem{kind: simItemCopy, ptr: dst, from: src, words: n, spans: to, src: from})
+			return n, nil
+		}
+		// Another GPU's memory: after the stream's work, at once (a Sim
+		// limit: its queues are that GPU's).
 		s.complete(st, func() bool { return len(st.queue) == 0 })
 		fo.hostRace(c, from, "read")
 		to_.hostRace(c, to, "wrote")

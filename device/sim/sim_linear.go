@@ -192,14 +192,17 @@ func (s *Device) linearAlloc(c device.Call, size uint64) (uintptr, error) {
 }
 
 // MemFree frees a linear allocation made by MemAlloc or MemAllocPitch
-// (cuMemFree_v2). ptr must be the allocation's start: an unknown or
-// interior pointer, a pointer into a reservation, or a second free is
-// ErrInvalidValue. Freeing memory that queued work on a held stream still
+// (cuMemFree_v2). ptr 0 does nothing, as the driver answers it. Otherwise
+// ptr must be the allocation's start: an unknown or interior pointer, a
+// pointer into a reservation, or a second free is ErrInvalidValue. Freeing memory that queued work on a held stream still
 // writes records a violation (see Violations): the driver would block
 // until the work finished, and a pool must not lean on that.
 func (s *Device) MemFree(ptr uintptr) error {
 	const c = device.CallMemFree
 	return s.do(c, func() (uint64, error) {
+		if ptr == 0 {
+			return 0, nil
+		}
 		r, i := s.regionAt(ptr)
 		switch {
 		case r == nil:

@@ -90,6 +90,7 @@ const (
 	simItemMemset simItemKind = iota // cuMemsetD32Async
 	simItemRecord                    // cuEventRecord
 	simItemWait                      // cuStreamWaitEvent on work not yet run
+	simItemCopy                      // cuMemcpyDtoDAsync within this GPU's memory
 )
 
 // simItem is one piece of work issued on a stream.
@@ -99,11 +100,13 @@ type simItem struct {
 	seq   uint64   // its number on st, from 1
 	clock simClock // what it comes after (itself included)
 
-	ptr   uintptr // simItemMemset: the call's arguments
+	ptr   uintptr // simItemMemset, simItemCopy: the call's arguments (a copy's destination; words: its bytes)
 	value uint32
 	words uint64
 	d8    bool      // simItemMemset: cuMemsetD8Async; value is the byte, words the bytes
-	spans []simSpan // simItemMemset: the physical bytes it writes
+	spans []simSpan // simItemMemset, simItemCopy: the physical bytes it writes
+	src   []simSpan // simItemCopy: the physical bytes it reads
+	from  uintptr   // simItemCopy: the source address
 
 	rec *simRecord // simItemRecord: the record it completes; simItemWait: the one it waits for
 }
@@ -111,6 +114,9 @@ type simItem struct {
 func (it *simItem) ready() bool { return it.kind != simItemWait || it.rec.done }
 
 func (it *simItem) String() string {
+	if it.kind == simItemCopy {
+		return fmt.Sprintf("cuMemcpyDtoDAsync(%#x, %#x, %d bytes) on stream %#x", it.ptr, it.from, it.words, uintptr(it.st.h))
+	}
 	if it.d8 {
 		return fmt.Sprintf("cuMemsetD8Async(%#x, %#02x, %d bytes) on stream %#x", it.ptr, it.value, it.words, uintptr(it.st.h))
 	}
@@ -168,15 +174,21 @@ func (s *Device) enqueue(st *simStream, it *simItem) {
 func (s *Device) execute(it *simItem) {
 	switch it.kind {
 	case simItemMemset:
-		s.eachQueued(func(q *simItem) {
-			if q.st != it.st && q.clock.at(it.st.idx) < it.seq && spansOverlap(it.spans, q.spans) {
-				s.violate("race: %s ran while %s, %s and not ordered after it, will write the same memory", it, q, q.st.state())
-			}
-		})
+		s.raceQueued(it)
 		if it.d8 {
 			s.writeBytes(it.spans, byte(it.value))
 		} else {
 			s.write(it.spans, it.value)
+		}
+	case simItemCopy:
+		s.raceQueued(it)
+		s.eachQueued(func(q *simItem) {
+			if q.st != it.st && q.clock.at(it.st.idx) < it.seq && spansOverlap(it.src, q.spans) {
+				s.violate("race: %s read memory while %s, %s and not ordered after it, will write it", it, q, q.st.state())
+			}
+		})
+		if s.cfg.Shadow && allLive(it.spans) && allLive(it.src) {
+			copySpans(it.spans, it.src)
 		}
 	case simItemRecord:
 		it.rec.done = true
@@ -218,11 +230,31 @@ func (s *Device) complete(st *simStream, done func() bool) {
 	}
 }
 
-// eachQueued calls f for every queued memset whose target is still live.
+// raceQueued records a violation for every queued write on another
+// stream, not ordered after it, that will write the memory it writes.
+func (s *Device) raceQueued(it *simItem) {
+	s.eachQueued(func(q *simItem) {
+		if q.st != it.st && q.clock.at(it.st.idx) < it.seq && spansOverlap(it.spans, q.spans) {
+			s.violate("race: %s ran while %s, %s and not ordered after it, will write the same memory", it, q, q.st.state())
+		}
+	})
+}
+
+// allLive reports whether every span is still reachable.
+func allLive(spans []simSpan) bool {
+	for i := range spans {
+		if !spans[i].live() {
+			return false
+		}
+	}
+	return true
+}
+
+// eachQueued calls f for every queued memset or copy (the writes).
 func (s *Device) eachQueued(f func(it *simItem)) {
 	for _, st := range s.live {
 		for _, it := range st.queue {
-			if it.kind == simItemMemset {
+			if it.kind == simItemMemset || it.kind == simItemCopy {
 				f(it)
 			}
 		}
@@ -249,15 +281,20 @@ func spansOverlap(a, b []simSpan) bool {
 // those spans dead: their writes will never land.
 func (s *Device) killPending(c device.Call, what string, match func(sp *simSpan) bool) {
 	s.eachQueued(func(it *simItem) {
-		hit := false
-		for i := range it.spans {
-			sp := &it.spans[i]
-			if sp.live() && match(sp) {
-				if !hit {
-					s.violate("%s: memory [%#x, +%d) %s while %s, %s, still writes it", c, sp.addr, sp.n, what, it, it.st.state())
+		for _, side := range []struct {
+			spans []simSpan
+			verb  string
+		}{{it.spans, "writes"}, {it.src, "reads"}} {
+			hit := false
+			for i := range side.spans {
+				sp := &side.spans[i]
+				if sp.live() && match(sp) {
+					if !hit {
+						s.violate("%s: memory [%#x, +%d) %s while %s, %s, still %s it", c, sp.addr, sp.n, what, it, it.st.state(), side.verb)
+					}
+					hit = true
+					sp.dead = true
 				}
-				hit = true
-				sp.dead = true
 			}
 		}
 	})

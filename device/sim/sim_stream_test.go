@@ -213,6 +213,33 @@ func TestSimFreeWithHeldWorkIsAViolation(t *testing.T) {
 	simCheck(t, f.s)
 }
 
+// A device-to-device copy within the GPU queues behind held work, as a
+// memset does: it keeps the hold, runs in order when the stream goes,
+// and freeing memory it will read or write meanwhile is a violation.
+func TestSimCopyQueuesBehindAHold(t *testing.T) {
+	f := newSimStreamFixture(t)
+	q, err := f.s.MemAlloc(simBuf)
+	require.NoError(t, err)
+	require.NoError(t, f.s.HoldStream(f.s1))
+	require.NoError(t, f.s.MemsetD32Async(f.p, 0xa, simBuf/4, f.s1))
+	require.NoError(t, f.s.MemcpyDtoDAsync(q, f.p, simBuf, f.s1))
+	assert.Equal(t, 1, f.s.Stats().HeldStreams, "the copy keeps the hold")
+	assert.Equal(t, 2, f.s.Stats().QueuedWork)
+	require.NoError(t, f.s.ReleaseStream(f.s1))
+	assert.Equal(t, uint32(0xa), f.word(t, q+simBuf-4), "the copy ran after the memset")
+	assert.Empty(t, f.s.Violations())
+
+	require.NoError(t, f.s.HoldStream(f.s1))
+	require.NoError(t, f.s.MemcpyDtoDAsync(f.p, q, simBuf, f.s1))
+	require.NoError(t, f.s.MemFree(q), "the driver does not refuse it")
+	v := f.s.Violations()
+	require.Len(t, v, 1)
+	assert.Contains(t, v[0], "cuMemcpyDtoDAsync")
+	assert.Contains(t, v[0], "still reads it")
+	require.NoError(t, f.s.ReleaseStream(f.s1))
+	simCheck(t, f.s)
+}
+
 func TestSimUnmapWithHeldWorkIsAViolation(t *testing.T) {
 	f := newSimStreamFixture(t)
 	g := uint64(64 << 10)

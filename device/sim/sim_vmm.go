@@ -10,10 +10,12 @@ package sim
 //     consume capacity (ErrOutOfMemory when it runs out).
 //   - A handle is mapped whole, at offset 0, at a granularity-aligned
 //     address inside one reservation, over addresses not already mapped.
+//     Part of a handle is ErrNotSupported, as the H200's driver (580)
+//     answers it (CUDA_ERROR_NOT_SUPPORTED; bench/multi/h200/2026-12-04).
 //     A handle may be mapped at several places (aliases share contents).
 //   - MemSetAccess and MemUnmap take ranges made of whole, adjacent
-//     mappings. The driver accepts access changes on sub-ranges; Sim keeps
-//     access per mapping and so asks for whole ones.
+//     mappings (Sim keeps access per mapping); the H200's driver refused
+//     cuMemSetAccess on the second half of a mapping too.
 //   - A handle's memory is freed when it is released and its last mapping
 //     is gone, in either order (the driver's reference count).
 //   - AddressFree takes a whole reservation with nothing mapped in it.
@@ -159,8 +161,9 @@ func (s *Device) freeHandle(c device.Call, ph *simPhys) {
 
 // MemMap maps the whole of handle h, size bytes, at ptr (cuMemMap with
 // offset 0). Access is not granted: MemSetAccess must follow before memory
-// operations touch it. Errors: ErrNotSupported with NoVMM; an unknown or
-// released handle, size not h's size, ptr not granularity-aligned, a range
+// operations touch it. Errors: ErrNotSupported with NoVMM, and for a size
+// below h's (part of a handle, as the driver says it); an unknown or
+// released handle, a size above h's, ptr not granularity-aligned, a range
 // not inside one reservation, or one overlapping a mapping, is
 // ErrInvalidValue.
 func (s *Device) MemMap(ptr uintptr, size uint64, h device.MemHandle) error {
@@ -173,8 +176,11 @@ func (s *Device) MemMap(ptr uintptr, size uint64, h device.MemHandle) error {
 		if err != nil {
 			return 0, err
 		}
-		if size != ph.size {
-			return 0, simErr(c, device.ErrInvalidValue, "size %d, but handle %#x has %d bytes (Sim maps whole handles)", size, uint64(h), ph.size)
+		if size < ph.size {
+			return 0, simErr(c, device.ErrNotSupported, "size %d, but handle %#x has %d bytes: part of a handle (the driver maps whole handles)", size, uint64(h), ph.size)
+		}
+		if size > ph.size {
+			return 0, simErr(c, device.ErrInvalidValue, "size %d, but handle %#x has %d bytes", size, uint64(h), ph.size)
 		}
 		if uint64(ptr)%s.cfg.Granularity != 0 {
 			return 0, simErr(c, device.ErrInvalidValue, "%#x is not aligned to the granularity %d", ptr, s.cfg.Granularity)

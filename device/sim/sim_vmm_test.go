@@ -64,7 +64,8 @@ func TestSimVMMMisuse(t *testing.T) {
 		{"create beyond capacity", func() error { _, err := s.MemCreate(16 * simMiB); return err }, device.ErrOutOfMemory},
 		{"map unknown handle", func() error { return s.MemMap(at(0), g, 0xdead) }, device.ErrInvalidValue},
 		{"map released handle", func() error { return s.MemMap(at(0), g, released) }, device.ErrInvalidValue},
-		{"map part of a handle", func() error { return s.MemMap(at(0), g, big) }, device.ErrInvalidValue},
+		{"map part of a handle", func() error { return s.MemMap(at(0), g, big) }, device.ErrNotSupported}, // as the H200 answers it
+		{"map more than a handle", func() error { return s.MemMap(at(0), 2*g, spare) }, device.ErrInvalidValue},
 		{"map unaligned", func() error { return s.MemMap(at(0)+4096, g, spare) }, device.ErrInvalidValue},
 		{"map outside a reservation", func() error { return s.MemMap(lin, g, spare) }, device.ErrInvalidValue},
 		{"map at unreserved address", func() error { return s.MemMap(0x1000_0000, g, spare) }, device.ErrInvalidValue},
