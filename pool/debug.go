@@ -182,6 +182,10 @@ func (d *debugLayer) notePitch(ptr uintptr, size uint64) {
 
 func (d *debugLayer) add(ptr uintptr, b debugBlock) {
 	d.mu.Lock()
+	if d.closed { // Close ran since the block was filled: it is gone
+		d.mu.Unlock()
+		return
+	}
 	d.live[ptr] = b
 	d.extra += b.extra
 	d.user += b.user

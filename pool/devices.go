@@ -111,8 +111,10 @@ func (d *Devices) Ordinals() []int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make([]int, 0, len(d.pools))
-	for k := range d.pools {
-		out = append(out, k)
+	for k, p := range d.pools {
+		if !p.isClosed() { // a pool its user closed is no longer there
+			out = append(out, k)
+		}
 	}
 	slices.Sort(out)
 	return out
@@ -139,9 +141,6 @@ func (d *Devices) Close() error {
 	return errors.Join(errs...)
 }
 
-// isClosed reports whether Close ran. Takes the pool's lock.
-func (p *Pool) isClosed() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.closed
-}
+// isClosed reports whether Close ran, without the pool's lock (which a
+// long locked call may hold).
+func (p *Pool) isClosed() bool { return p.closedFlag.Load() }

@@ -21,8 +21,10 @@ package pool
 // tests exercise it.
 //
 // Cost: a memset per allocation and a device-to-host copy plus, off the
-// default stream, a stream synchronization per free. It is a debugging
-// mode. Without it the hot paths pay one predictable nil test (debug.go).
+// default stream, a stream synchronization per free. The memset is queued
+// and the copy made under the pool's lock (so that a Close cannot unmap
+// the block meanwhile): other goroutines' pool calls wait for the copy,
+// which waits for the legacy default stream. It is a debugging mode. Without it the hot paths pay one predictable nil test (debug.go).
 
 import (
 	"fmt"

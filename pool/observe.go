@@ -47,8 +47,12 @@ func (p *Pool) retryAfterHook(size, align uint64) (b tlsf.Block, err error, done
 // maxOOMHooks bounds the calls of Options.OnOutOfMemory running at once
 // (Pool.hooks): a hook that allocates from the pool, and fails, would
 // otherwise call itself until the goroutine's stack ran out. Beyond it a
-// failing request fails as without a hook.
-const maxOOMHooks = 64
+// failing request fails as without a hook. The count is of every
+// goroutine's calls (the pool cannot tell a hook's own request from
+// another goroutine's), so it is far above the goroutines a program
+// runs in its hooks at once; 1024 recursive calls, each an out-of-memory
+// path, take a few MiB of stack.
+const maxOOMHooks = 1024
 
 // runOOMHook calls Options.OnOutOfMemory with the pool's lock released,
 // and takes it again, even if the hook panics. Callers check maxOOMHooks

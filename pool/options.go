@@ -254,7 +254,7 @@ type Options struct {
 	// free memory (run the Go GC and finalizers that free device memory,
 	// drop caches of its own) and may call the pool. The pool then retries
 	// once (flush, wait, move, search, grow) and fails only if that fails
-	// too. It may be called from several goroutines at once, up to 64
+	// too. It may be called from several goroutines at once, up to 1024
 	// calls at a time (maxOOMHooks): a hook that allocates from the pool
 	// and fails calls itself again, as deep as that, and a request that
 	// fails beyond it fails without calling the hook. It is not

@@ -202,6 +202,7 @@ func TestDevicesOnePoolPerOrdinal(t *testing.T) {
 	first, err := ds2.Get(0)
 	require.NoError(t, err)
 	require.NoError(t, first.Close())
+	require.Empty(t, ds2.Ordinals(), "a closed pool is not listed")
 	second, err := ds2.Get(0)
 	require.NoError(t, err)
 	require.NotSame(t, first, second)

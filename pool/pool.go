@@ -40,6 +40,8 @@ type Pool struct {
 	backend Backend
 	owned   bool // Close closes the device too
 	hooks   int  // calls of Options.OnOutOfMemory running (runOOMHook); pool lock
+	// closedFlag is closed, readable without the lock (Devices.Get).
+	closedFlag atomic.Bool
 
 	x    *tlsf.Index
 	heap heap
@@ -1979,6 +1981,7 @@ func (p *Pool) Close() error {
 		errs = append(errs, p.dev.Device.Close())
 	}
 	p.closed = true
+	p.closedFlag.Store(true)
 	return errors.Join(errs...)
 }
 

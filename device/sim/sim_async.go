@@ -123,18 +123,23 @@ func (s *Device) MemFreeAsync(ptr uintptr, h device.Stream) error {
 		at := slices.Clone(st.clock)
 		at.join(s.host)
 		s.eachQueued(func(it *simItem) {
-			hit := false
-			for k := range it.spans {
-				sp := &it.spans[k]
-				if !sp.live() || sp.ph != r.ph {
-					continue
+			for _, side := range []struct {
+				spans []simSpan
+				verb  string
+			}{{it.spans, "writes"}, {it.src, "reads"}} {
+				hit := false
+				for k := range side.spans {
+					sp := &side.spans[k]
+					if !sp.live() || sp.ph != r.ph {
+						continue
+					}
+					if !hit && at.at(it.st.idx) < it.seq {
+						s.violate("%s: memory [%#x, +%d) freed on stream %#x while %s, %s and not ordered before the free, still %s it",
+							c, sp.addr, sp.n, uintptr(h), it, it.st.state(), side.verb)
+					}
+					hit = true
+					sp.dead = true
 				}
-				if !hit && at.at(it.st.idx) < it.seq {
-					s.violate("%s: memory [%#x, +%d) freed on stream %#x while %s, %s and not ordered before the free, still writes it",
-						c, sp.addr, sp.n, uintptr(h), it, it.st.state())
-				}
-				hit = true
-				sp.dead = true
 			}
 		})
 		s.removeRegion(i)

@@ -231,11 +231,17 @@ func (s *Device) complete(st *simStream, done func() bool) {
 }
 
 // raceQueued records a violation for every queued write on another
-// stream, not ordered after it, that will write the memory it writes.
+// stream, not ordered after it, that will write the memory it writes, or
+// copy that will read it.
 func (s *Device) raceQueued(it *simItem) {
 	s.eachQueued(func(q *simItem) {
-		if q.st != it.st && q.clock.at(it.st.idx) < it.seq && spansOverlap(it.spans, q.spans) {
+		if q.st == it.st || q.clock.at(it.st.idx) >= it.seq {
+			return
+		}
+		if spansOverlap(it.spans, q.spans) {
 			s.violate("race: %s ran while %s, %s and not ordered after it, will write the same memory", it, q, q.st.state())
+		} else if spansOverlap(it.spans, q.src) {
+			s.violate("race: %s wrote memory while %s, %s and not ordered after it, will read it", it, q, q.st.state())
 		}
 	})
 }
@@ -300,12 +306,15 @@ func (s *Device) killPending(c device.Call, what string, match func(sp *simSpan)
 	})
 }
 
-// hostRace records a violation for every queued memset that will write
-// bytes the host-synchronous call c touches now.
+// hostRace records a violation for every queued memset or copy that will
+// write bytes the host-synchronous call c touches now, and, where c writes
+// them (verb "wrote"), every queued copy that will read them.
 func (s *Device) hostRace(c device.Call, spans []simSpan, verb string) {
 	s.eachQueued(func(it *simItem) {
 		if spansOverlap(spans, it.spans) {
 			s.violate("race: %s %s [%#x, +%d) while %s, %s, will write it", c, verb, spans[0].addr, spanBytes(spans), it, it.st.state())
+		} else if verb == "wrote" && spansOverlap(spans, it.src) {
+			s.violate("race: %s %s [%#x, +%d) while %s, %s, will read it", c, verb, spans[0].addr, spanBytes(spans), it, it.st.state())
 		}
 	})
 }

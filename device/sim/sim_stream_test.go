@@ -240,6 +240,40 @@ func TestSimCopyQueuesBehindAHold(t *testing.T) {
 	simCheck(t, f.s)
 }
 
+// What a queued copy will read is guarded as what it will write: an
+// unordered write over its source, on another stream or from the host,
+// is a race, and an unordered stream-ordered free of it a violation.
+func TestSimQueuedCopySourceIsGuarded(t *testing.T) {
+	f := newSimStreamFixture(t)
+	q, err := f.s.MemAlloc(simBuf)
+	require.NoError(t, err)
+	require.NoError(t, f.s.HoldStream(f.s1))
+	require.NoError(t, f.s.MemcpyDtoDAsync(q, f.p, simBuf, f.s1))
+	require.NoError(t, f.s.MemsetD32Async(f.p, 2, simBuf/4, f.s2))
+	v := f.s.Violations()
+	require.Len(t, v, 1)
+	assert.Contains(t, v[0], "will read it")
+	f.s.ClearViolations()
+	require.NoError(t, f.s.MemsetD32(f.p, 3, 1))
+	v = f.s.Violations()
+	require.Len(t, v, 1)
+	assert.Contains(t, v[0], "will read it")
+	f.s.ClearViolations()
+	require.NoError(t, f.s.ReleaseStream(f.s1))
+
+	a, err := f.s.MemAllocAsync(simBuf, f.s2)
+	require.NoError(t, err)
+	require.NoError(t, f.s.StreamSynchronize(f.s2))
+	require.NoError(t, f.s.HoldStream(f.s1))
+	require.NoError(t, f.s.MemcpyDtoDAsync(q, a, simBuf, f.s1))
+	require.NoError(t, f.s.MemFreeAsync(a, f.s2))
+	v = f.s.Violations()
+	require.Len(t, v, 1)
+	assert.Contains(t, v[0], "still reads it")
+	require.NoError(t, f.s.ReleaseStream(f.s1))
+	simCheck(t, f.s)
+}
+
 func TestSimUnmapWithHeldWorkIsAViolation(t *testing.T) {
 	f := newSimStreamFixture(t)
 	g := uint64(64 << 10)
