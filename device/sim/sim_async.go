@@ -123,10 +123,7 @@ func (s *Device) MemFreeAsync(ptr uintptr, h device.Stream) error {
 		at := slices.Clone(st.clock)
 		at.join(s.host)
 		s.eachQueued(func(it *simItem) {
-			for _, side := range []struct {
-				spans []simSpan
-				verb  string
-			}{{it.spans, "writes"}, {it.src, "reads"}} {
+			for _, side := range it.sides() {
 				hit := false
 				for k := range side.spans {
 					sp := &side.spans[k]

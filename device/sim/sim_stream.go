@@ -230,6 +230,18 @@ func (s *Device) complete(st *simStream, done func() bool) {
 	}
 }
 
+// simSide is the memory a queued item writes or reads, with the verb
+// that says which.
+type simSide struct {
+	spans []simSpan
+	verb  string
+}
+
+// sides returns what it writes and, for a copy, what it reads.
+func (it *simItem) sides() [2]simSide {
+	return [2]simSide{{it.spans, "writes"}, {it.src, "reads"}}
+}
+
 // raceQueued records a violation for every queued write on another
 // stream, not ordered after it, that will write the memory it writes, or
 // copy that will read it.
@@ -287,10 +299,7 @@ func spansOverlap(a, b []simSpan) bool {
 // those spans dead: their writes will never land.
 func (s *Device) killPending(c device.Call, what string, match func(sp *simSpan) bool) {
 	s.eachQueued(func(it *simItem) {
-		for _, side := range []struct {
-			spans []simSpan
-			verb  string
-		}{{it.spans, "writes"}, {it.src, "reads"}} {
+		for _, side := range it.sides() {
 			hit := false
 			for i := range side.spans {
 				sp := &side.spans[i]
