@@ -994,10 +994,35 @@ func (p *Pool) startOver() {
 			return // a block could not go back: it stays cached
 		}
 	}
+	if p.startOverIsNoOp() {
+		p.mayEmpty.Store(emptyNo)
+		return
+	}
 	if h.startOver() {
 		p.mayEmpty.Store(emptyNo)
 		p.logEvent(slog.LevelDebug, "tlsf pool: every block freed; the heap starts over, its pages on standby", slog.Uint64("standby_bytes", h.standby*h.gran))
 	}
+}
+
+// startOverIsNoOp reports whether starting a VMM heap over would leave it
+// as it is: its every byte is free, no page is on standby, and the heap
+// is no larger than what the next growth takes back from standby for any
+// request (takeStandby's GrowFraction × the device's free memory), so
+// that the next allocation would map it back whole, one free block again,
+// placed as before. The pool then skips the start-over and its undoing:
+// a pool whose only block is allocated and freed in turn (nothing else
+// live, a block the caches do not serve) paid both at each pair,
+// RemoveRegion and AddRegion under the lock. Pool lock held.
+func (p *Pool) startOverIsNoOp() bool {
+	h := p.vmm
+	if h.standby != 0 || h.x.FreeBytes() != h.end-h.base {
+		return false
+	}
+	// takeStandby extends by roundUp(want, gran) bytes; the heap is whole
+	// pages, so that covers it where want > heap − gran (no division).
+	heap := h.end - h.base
+	want := uint64(p.opts.GrowFraction * float64(p.lastFree+heap))
+	return want+h.gran > heap
 }
 
 // severeFragmentation: a VMM heap that must grow for a request although

@@ -348,3 +348,41 @@ func moveToP1(t *testing.T, p *Pool, ptr uintptr) {
 	to.liveBlocks++
 	p.meta[b.ID].owner = 1
 }
+
+// A pool whose heap is no larger than its next growth would take back
+// from standby does not start over: the pages would all come back at the
+// next allocation, so its lone block allocated and freed in turn costs
+// no RemoveRegion and AddRegion, and the blocks that follow are placed as
+// in a new pool.
+func TestAStartOverThatWouldChangeNothingIsSkipped(t *testing.T) {
+	for _, cm := range cacheModes {
+		t.Run(cm.name, func(t *testing.T) {
+			d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
+			p := openPool(t, d, Options{Cache: CacheOptions{Disable: cm.off}})
+			var first uintptr
+			var calls uint64
+			for i := range 10 {
+				ptr, err := p.Alloc(1 * miB) // above the caches' sizes
+				require.NoError(t, err)
+				if i == 0 {
+					first, calls = ptr, p.Stats().DeviceCalls.Total()
+				}
+				require.Equal(t, first, ptr, "the same block each time")
+				require.NoError(t, p.Free(ptr))
+				require.Zero(t, p.vmm.standby, "nothing on standby: no start-over")
+				checkStep(t, p, d)
+			}
+			require.Equal(t, calls, p.Stats().DeviceCalls.Total(), "no driver call after the first growth")
+
+			// What follows is placed as in a new pool on a device alike.
+			fd := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
+			fresh := openPool(t, fd, Options{Cache: CacheOptions{Disable: cm.off}})
+			want := startOverRun(t, fresh, fd)
+			got := startOverRun(t, p, d)
+			for i := range want {
+				require.Equal(t, want[i]-uintptr(fresh.vmm.base), got[i]-uintptr(p.vmm.base), "block %d placed as in a new pool", i)
+			}
+			require.Equal(t, fresh.Stats().ReservedPeak, p.Stats().ReservedPeak)
+		})
+	}
+}
