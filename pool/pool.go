@@ -639,6 +639,12 @@ func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
 	defer p.dev.leave(prev)
 	p.seen = seenFree{}
 	if err := p.hopeless(size, align); err != nil {
+		// Above a lowered cap (SetMaxBytes), a request the standby pages
+		// hold needs no more memory: it is served, as one the index holds
+		// is, whether or not the heap started over (startOverIsNoOp).
+		if b, ok := p.growFromStandby(size, align); ok {
+			return b, nil
+		}
 		p.c.ooms++
 		return tlsf.Block{}, err
 	}
@@ -723,7 +729,9 @@ func (p *Pool) outOfMemory(size, align uint64, err error) (tlsf.Block, error) {
 // than the device's total memory, than MaxBytes, or than MaxFraction's
 // cap (fractionCap: the most that cap can ever allow). Such a request
 // fails at once: flushing caches and returning memory first would cost
-// the pool its warm memory for nothing. No driver call.
+// the pool its warm memory for nothing. No driver call. (Memory the pool
+// holds still serves it under a cap lowered below that memory: a free
+// block the search found, or standby pages, allocMiss.)
 func (p *Pool) hopeless(size, align uint64) error {
 	r, err := p.fitSize(size, align)
 	if err != nil {
@@ -927,7 +935,9 @@ const (
 // free awaits a stream, the heap's end drops to its base
 // (vmmHeap.startOver): its pages stay mapped, on standby, and the next
 // growths take them back bottom-up, sized as a new pool's growths
-// (takeStandby), with no driver call. Without it, the next run of the
+// (takeStandby), with no driver call; a heap no larger than the next
+// growth would take back stays as it is (startOverIsNoOp), since that
+// growth would undo the start-over. Without it, the next run of the
 // same work starts on one free block as large as the last run's peak,
 // which the index keeps whole for requests nothing else holds (the
 // highest list), so that requests a new pool would have cut from its
@@ -1007,9 +1017,12 @@ func (p *Pool) startOver() {
 // startOverIsNoOp reports whether starting a VMM heap over would leave it
 // as it is: its every byte is free, no page is on standby, and the heap
 // is no larger than what the next growth takes back from standby for any
-// request (takeStandby's GrowFraction × the device's free memory), so
-// that the next allocation would map it back whole, one free block again,
-// placed as before. The pool then skips the start-over and its undoing:
+// request (takeStandby's GrowFraction × (lastFree + the standby pages),
+// lastFree being the device's free memory the last growth left, which
+// only a growth changes), so that the next allocation would extend it
+// back whole, one free block again, placed as before (a request above a
+// lowered cap too: allocMiss serves it from standby pages that hold it).
+// The pool then skips the start-over and its undoing:
 // a pool whose only block is allocated and freed in turn (nothing else
 // live, a block the caches do not serve) paid both at each pair,
 // RemoveRegion and AddRegion under the lock. Pool lock held.

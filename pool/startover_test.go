@@ -349,40 +349,89 @@ func moveToP1(t *testing.T, p *Pool, ptr uintptr) {
 	p.meta[b.ID].owner = 1
 }
 
+// forceStartOver starts p's heap over as startOver would without
+// startOverIsNoOp: what the skip must be equivalent to.
+func forceStartOver(t *testing.T, p *Pool) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	require.True(t, p.vmm.startOver(), "every block is free")
+	p.mayEmpty.Store(emptyNo)
+}
+
 // A pool whose heap is no larger than its next growth would take back
 // from standby does not start over: the pages would all come back at the
 // next allocation, so its lone block allocated and freed in turn costs
-// no RemoveRegion and AddRegion, and the blocks that follow are placed as
-// in a new pool.
+// no RemoveRegion and AddRegion, and what follows is as in a twin pool
+// that starts over after each free.
 func TestAStartOverThatWouldChangeNothingIsSkipped(t *testing.T) {
 	for _, cm := range cacheModes {
 		t.Run(cm.name, func(t *testing.T) {
+			o := Options{Cache: CacheOptions{Disable: cm.off}}
 			d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
-			p := openPool(t, d, Options{Cache: CacheOptions{Disable: cm.off}})
+			p := openPool(t, d, o)
+			td := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
+			twin := openPool(t, td, o)
 			var first uintptr
 			var calls uint64
 			for i := range 10 {
 				ptr, err := p.Alloc(1 * miB) // above the caches' sizes
 				require.NoError(t, err)
+				tptr, err := twin.Alloc(1 * miB)
+				require.NoError(t, err)
 				if i == 0 {
 					first, calls = ptr, p.Stats().DeviceCalls.Total()
 				}
 				require.Equal(t, first, ptr, "the same block each time")
+				require.Equal(t, ptr-uintptr(p.vmm.base), tptr-uintptr(twin.vmm.base))
 				require.NoError(t, p.Free(ptr))
 				require.Zero(t, p.vmm.standby, "nothing on standby: no start-over")
+				require.NoError(t, twin.Free(tptr))
+				forceStartOver(t, twin)
 				checkStep(t, p, d)
+				checkStep(t, twin, td)
 			}
 			require.Equal(t, calls, p.Stats().DeviceCalls.Total(), "no driver call after the first growth")
 
-			// What follows is placed as in a new pool on a device alike.
-			fd := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
-			fresh := openPool(t, fd, Options{Cache: CacheOptions{Disable: cm.off}})
-			want := startOverRun(t, fresh, fd)
+			// What follows is placed as in the twin, with the same memory.
+			want := startOverRun(t, twin, td)
 			got := startOverRun(t, p, d)
 			for i := range want {
-				require.Equal(t, want[i]-uintptr(fresh.vmm.base), got[i]-uintptr(p.vmm.base), "block %d placed as in a new pool", i)
+				require.Equal(t, want[i]-uintptr(twin.vmm.base), got[i]-uintptr(p.vmm.base), "block %d placed as in the twin", i)
 			}
-			require.Equal(t, fresh.Stats().ReservedPeak, p.Stats().ReservedPeak)
+			ws, gs := twin.Stats(), p.Stats()
+			require.Equal(t, ws.Reserved, gs.Reserved)
+			require.Equal(t, ws.ReservedPeak, gs.ReservedPeak)
+			require.Equal(t, ws.IndexFree, gs.IndexFree)
+			require.Equal(t, ws.LargestFree, gs.LargestFree)
 		})
 	}
+}
+
+// Standby pages are reserved memory: under a cap lowered below them
+// (SetMaxBytes), a request they hold is served, as it is by a heap that
+// skipped its start-over, and one they do not hold fails at once.
+func TestARequestAboveALoweredCapIsServedFromStandby(t *testing.T) {
+	d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
+	p := openPool(t, d, Options{Cache: CacheOptions{Disable: true}})
+	first := startOverRun(t, p, d) // leaves its pages on standby
+	require.NotEmpty(t, first)
+	standby := p.vmm.standby * p.vmm.gran
+	require.Greater(t, standby, 8*miB)
+	require.NoError(t, p.SetMaxBytes(2*miB))
+	calls := p.Stats().DeviceCalls.Total()
+
+	ptr, err := p.Alloc(3 * miB)
+	require.NoError(t, err, "the standby pages hold it")
+	require.Equal(t, calls, p.Stats().DeviceCalls.Total(), "no driver call")
+	checkStep(t, p, d)
+	require.NoError(t, p.Free(ptr))
+
+	before := p.Stats()
+	_, err = p.Alloc(standby + 1*miB)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	after := p.Stats()
+	require.Equal(t, before.Reserved, after.Reserved, "nothing released")
+	require.Equal(t, calls, after.DeviceCalls.Total())
+	checkStep(t, p, d)
 }
