@@ -5,6 +5,7 @@ package pool
 // classes.
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -163,6 +164,53 @@ func TestSevereFragmentationKeepsTheTopFromThenOn(t *testing.T) {
 				require.NoError(t, p.Free(ptr))
 			}
 			checkStep(t, p, d)
+		})
+	}
+}
+
+// A heap that starts over (every block freed) places as a new pool's
+// does, so it forgets that it kept its top: the next run of the same work
+// keeps the top from the same growth on as the first run did, and
+// places its blocks where the first run did, its growths now served by
+// standby pages (growFromStandby). With Options.Wilderness the top stays
+// kept.
+func TestAStartOverForgetsTheKeptTop(t *testing.T) {
+	for _, wild := range []bool{false, true} {
+		t.Run(fmt.Sprintf("wilderness=%v", wild), func(t *testing.T) {
+			d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
+			p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-12, Wilderness: wild, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+			run := func() (all []uintptr) {
+				var holes []uintptr
+				for i := range 17 {
+					ptr, err := p.Alloc(8 * miB)
+					require.NoError(t, err)
+					if i%2 == 1 {
+						holes = append(holes, ptr)
+					} else {
+						all = append(all, ptr)
+					}
+				}
+				for _, h := range holes {
+					require.NoError(t, p.Free(h))
+				}
+				require.Equal(t, wild, p.Stats().TopKept, "before the growth")
+				big, err := p.Alloc(12 * miB) // the heap grows, fragmented
+				require.NoError(t, err)
+				require.True(t, p.Stats().TopKept, "after the growth")
+				checkStep(t, p, d)
+				all = append(all, big)
+				for _, ptr := range all {
+					require.NoError(t, p.Free(ptr))
+				}
+				checkStep(t, p, d)
+				return all
+			}
+			first := run()
+			reserved := p.Stats().Reserved
+			require.Equal(t, wild, p.Stats().TopKept, "after the start-over")
+			second := run()
+			assert.Equal(t, first, second, "the second run places as the first")
+			assert.Equal(t, reserved, p.Stats().Reserved, "no growth beyond the first run's")
 		})
 	}
 }
