@@ -5,7 +5,6 @@ package pool
 // classes.
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -114,10 +113,11 @@ func TestWildernessKeepsTheTopOfTheHeap(t *testing.T) {
 // A VMM pool that must grow although a quarter of its memory lies free
 // outside the top of its heap, in pieces that would hold the request but
 // none of them alone, keeps that top from then on as Options.Wilderness
-// does (severeFragmentation), and says so in Stats.TopKept; one whose
+// does (severeFragmentation) until it starts over
+// (TestAStartOverForgetsTheKeptTop), and says so in Stats.TopKept; one whose
 // free pieces are a smaller share, or too small together, does not.
 // Pages released under the free top (Trim) are not counted twice.
-func TestSevereFragmentationKeepsTheTopFromThenOn(t *testing.T) {
+func TestSevereFragmentationKeepsTheTop(t *testing.T) {
 	for _, c := range []struct {
 		name   string
 		pieces int    // free 8 MiB pieces, each between two live 8 MiB blocks
@@ -170,47 +170,106 @@ func TestSevereFragmentationKeepsTheTopFromThenOn(t *testing.T) {
 
 // A heap that starts over (every block freed) places as a new pool's
 // does, so it forgets that it kept its top: the next run of the same work
-// keeps the top from the same growth on as the first run did, and
-// places its blocks where the first run did, its growths now served by
-// standby pages (growFromStandby). With Options.Wilderness the top stays
-// kept.
+// keeps the top from the same growth on as the first run did, its
+// growths now served by standby pages (growFromStandby) or by those and
+// new ones (growAndSearch), standby pages not counted as the heap's
+// memory. With Options.Wilderness the top stays kept.
 func TestAStartOverForgetsTheKeptTop(t *testing.T) {
-	for _, wild := range []bool{false, true} {
-		t.Run(fmt.Sprintf("wilderness=%v", wild), func(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		holes int    // of 17 blocks of 8 MiB, the first odd ones freed
+		req   uint64 // then allocated: the heap grows, fragmented
+		again uint64 // the second run's req (0: req)
+		after uint64 // allocated last in the first run: standby pages beyond the growth
+		wild  bool
+	}{
+		{"the same run again", 8, 12 * miB, 0, 0, false},
+		{"standby pages beyond the growth", 8, 12 * miB, 0, 200 * miB, false},
+		// 40 MiB free outside the top: a quarter of the 136 MiB heap, but
+		// not of 168 MiB, the heap with the 32 MiB of standby pages the
+		// growth takes back before it maps 8 MiB more.
+		{"a growth beyond the standby pages", 5, 32 * miB, 40 * miB, 0, false},
+		{"Options.Wilderness", 8, 12 * miB, 0, 0, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
-			p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-12, Wilderness: wild, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-			run := func() (all []uintptr) {
+			p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-12, Wilderness: c.wild, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+			run := func(first bool) (placed []uintptr) {
 				var holes []uintptr
 				for i := range 17 {
 					ptr, err := p.Alloc(8 * miB)
 					require.NoError(t, err)
-					if i%2 == 1 {
+					if i%2 == 1 && i < 2*c.holes {
 						holes = append(holes, ptr)
 					} else {
-						all = append(all, ptr)
+						placed = append(placed, ptr)
 					}
 				}
 				for _, h := range holes {
 					require.NoError(t, p.Free(h))
 				}
-				require.Equal(t, wild, p.Stats().TopKept, "before the growth")
-				big, err := p.Alloc(12 * miB) // the heap grows, fragmented
+				require.Equal(t, c.wild, p.Stats().TopKept, "before the growth")
+				req := c.req
+				if !first && c.again > 0 {
+					req = c.again
+				}
+				big, err := p.Alloc(req)
 				require.NoError(t, err)
 				require.True(t, p.Stats().TopKept, "after the growth")
+				placed = append(placed, big)
+				if first && c.after > 0 {
+					ptr, err := p.Alloc(c.after)
+					require.NoError(t, err)
+					placed = append(placed, ptr)
+				}
 				checkStep(t, p, d)
-				all = append(all, big)
-				for _, ptr := range all {
+				for _, ptr := range placed {
 					require.NoError(t, p.Free(ptr))
 				}
 				checkStep(t, p, d)
-				return all
+				require.Equal(t, c.wild, p.Stats().TopKept, "after the start-over")
+				return placed
 			}
-			first := run()
+			first := run(true)
 			reserved := p.Stats().Reserved
-			require.Equal(t, wild, p.Stats().TopKept, "after the start-over")
-			second := run()
-			assert.Equal(t, first, second, "the second run places as the first")
-			assert.Equal(t, reserved, p.Stats().Reserved, "no growth beyond the first run's")
+			second := run(false)
+			if c.after == 0 && c.again == 0 {
+				assert.Equal(t, first, second, "the second run places as the first")
+				assert.Equal(t, reserved, p.Stats().Reserved, "no growth beyond the first run's")
+			}
 		})
 	}
+}
+
+// A heap that skips its start-over (startOverIsNoOp: no larger than its
+// next growth) forgets a kept top as one that starts over does.
+func TestASkippedStartOverForgetsTheKeptTop(t *testing.T) {
+	d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
+	p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 0.25, MaxBytes: 136 * miB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	var all, holes []uintptr
+	for i := range 17 {
+		ptr, err := p.Alloc(8 * miB)
+		require.NoError(t, err)
+		if i%2 == 1 {
+			holes = append(holes, ptr)
+		} else {
+			all = append(all, ptr)
+		}
+	}
+	for _, h := range holes {
+		require.NoError(t, p.Free(h))
+	}
+	require.NoError(t, p.SetMaxBytes(148*miB))
+	big, err := p.Alloc(12 * miB) // the heap grows, fragmented, up to the cap
+	require.NoError(t, err)
+	require.True(t, p.Stats().TopKept)
+	for _, ptr := range append(all, big) {
+		require.NoError(t, p.Free(ptr))
+	}
+	checkStep(t, p, d)
+	p.mu.Lock()
+	skipped := p.vmm.standby == 0 && p.startOverIsNoOp()
+	p.mu.Unlock()
+	require.True(t, skipped, "the heap stayed as it was")
+	assert.False(t, p.Stats().TopKept)
 }

@@ -782,6 +782,9 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	if need == 0 {
 		return p.search(size, align)
 	}
+	// Before standby pages join the heap: they are not yet its memory
+	// (noteFragmentation), as they were not a new pool's.
+	p.noteFragmentation(room, p.heap.unbackedTail())
 	if h := p.vmm; h != nil && h.standby > 0 {
 		if p.takeStandby(need) {
 			return p.search(size, align)
@@ -791,7 +794,6 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	// The block grown into also covers the free top of the heap, whose
 	// pages may have been released: they count against the cap too.
 	tail := p.heap.unbackedTail()
-	p.noteFragmentation(room, tail)
 	if err := p.makeRoom(need+tail, true); err != nil {
 		return tlsf.Block{}, err
 	}
@@ -870,8 +872,10 @@ func (p *Pool) roomFor(size, align uint64) (uint64, error) {
 // the growth, before the caches of other Ps are reclaimed: the pages are
 // mapped and reserved already, so taking them costs no driver call and
 // adds nothing to reserved memory, and the first run made the same
-// growth with no cached block back either; a growth the standby pages do
-// not cover reclaims them as any other. It reports whether it served the
+// growth with no cached block back either (and it checks for severe
+// fragmentation first, as the first run's growth did: noteFragmentation);
+// a growth the standby pages do not cover reclaims them as any other. It
+// reports whether it served the
 // request; where it did not, nothing changed, or the standby pages joined
 // the heap and the search failed, which allocMiss's later search of the
 // grown heap then repeats (not reached: with pages on standby the heap
@@ -936,14 +940,9 @@ const (
 // free awaits a stream, the heap's end drops to its base
 // (vmmHeap.startOver): its pages stay mapped, on standby, and the next
 // growths take them back bottom-up, sized as a new pool's growths
-// (takeStandby), with no driver call, and the heap places as a new one:
-// a top kept since severe fragmentation is kept again only once the
-// fragmentation recurs (noteFragmentation; before, it stayed kept, and
-// standby growths never looked: on ResNet-50 inference with caches off,
-// warm replays peaked at 1.155 × live against the cold one's 1.142,
-// simulated H200, 2026-12-06; the default's figures did not change); a
-// heap no larger than the next growth would take back stays as it is
-// (startOverIsNoOp), since that growth would undo the start-over. Without it, the next run of the
+// (takeStandby), with no driver call; a heap no larger than the next
+// growth would take back stays as it is (startOverIsNoOp), since that
+// growth would undo the start-over. Without it, the next run of the
 // same work starts on one free block as large as the last run's peak,
 // which the index keeps whole for requests nothing else holds (the
 // highest list), so that requests a new pool would have cut from its
@@ -955,6 +954,18 @@ const (
 // unchanged: every warm replay as the cold one. A training loop that
 // never frees everything (its weights stay live) never starts over and
 // sees no change.
+//
+// The heap then places as a new one in one more way: a top kept since
+// severe fragmentation (noteFragmentation) is forgotten, also by a heap
+// that stays as it is, and kept again only once the fragmentation
+// recurs, which growths from standby pages check as a new pool's growths
+// do, standby pages not counted. Before, the top stayed kept and standby
+// growths never checked: measured on the simulated H200 (2026-12-06,
+// peak reserved over peak live, a cold and the warm replays), caches
+// off, resnet50-infer 1.155 against the cold replay's 1.142, now 1.142;
+// the eight other traces, and all nine with the caches on, unchanged.
+// (Counting standby pages in the fraction made it 1.281 with caches off
+// and 1.290 by default: the warm replays then never switched.)
 //
 // Only the pool's own last free starts the search for a start-over; from
 // then on, until the heap started over, the free of the last block a
@@ -1012,6 +1023,7 @@ func (p *Pool) startOver() {
 	}
 	if p.startOverIsNoOp() {
 		p.mayEmpty.Store(emptyNo)
+		p.x.SetWilderness(p.opts.Wilderness) // as the start-over would
 		return
 	}
 	if h.startOver() {
@@ -1048,9 +1060,10 @@ func (p *Pool) startOverIsNoOp() bool {
 // severeFragmentation: a VMM heap that must grow for a request although
 // its mapped free memory outside its free top is enough for the request
 // (in pieces) and at least this fraction of its reserved memory (spares
-// and orphans included) is fragmented badly, and keeps its top for
-// requests no other block holds from then on (tlsf.Index.SetWilderness;
-// Options.Wilderness does so from the start). The check runs before the
+// and orphans included, standby pages not) is fragmented badly, and keeps
+// its top for requests no other block holds until the heap starts over
+// (tlsf.Index.SetWilderness, Pool.startOver; Options.Wilderness does so
+// always). The check runs before the
 // cap's, so a capped pool may switch on a growth that then fails.
 //
 // Why a switch, and why a quarter: neither placement is better
@@ -1075,12 +1088,13 @@ func (p *Pool) startOverIsNoOp() bool {
 const severeFragmentation = 0.25
 
 // noteFragmentation, before a VMM heap grows for a request needing room
-// bytes (new pages, or standby pages: growFromStandby), turns the index's
-// wilderness list on until the heap starts over where the heap is
-// fragmented badly (severeFragmentation); tail is the released bytes
-// under the heap's free top (vmmHeap.unbackedTail). Standby pages are
-// reserved but not yet the heap's: they do not count in the fraction.
-// In O(1). Pool lock held.
+// bytes (with new pages or standby pages: growAndSearch,
+// growFromStandby), turns the index's wilderness list on where the heap
+// is fragmented badly (severeFragmentation), until the heap starts over
+// (startOver); tail is the released bytes under the heap's free top
+// (vmmHeap.unbackedTail). Standby pages are reserved but not yet the
+// heap's, as they were not a new pool's: they do not count in the
+// fraction. In O(1). Pool lock held.
 func (p *Pool) noteFragmentation(room, tail uint64) {
 	h := p.vmm
 	if h == nil || p.x.Wilderness() {
@@ -1098,7 +1112,7 @@ func (p *Pool) noteFragmentation(room, tail uint64) {
 	inUse := p.reserved() - min(p.reserved(), h.standby*h.gran)
 	if free >= room && float64(free) >= severeFragmentation*float64(inUse) {
 		p.x.SetWilderness(true)
-		p.logEvent(slog.LevelInfo, "tlsf pool: fragmentation is severe, the free top of the heap is kept for requests nothing else holds from now on",
+		p.logEvent(slog.LevelInfo, "tlsf pool: fragmentation is severe, the free top of the heap is kept for requests nothing else holds until every block is freed",
 			slog.Uint64("free_outside_top_bytes", free), slog.Uint64("reserved_bytes", p.reserved()), slog.Uint64("request_bytes", room))
 	}
 }

@@ -63,8 +63,9 @@ type Stats struct {
 	// TopKept reports whether a VMM pool keeps the free top of its heap
 	// for requests no other free block holds: Options.Wilderness, or a
 	// growth under severe fragmentation (severeFragmentation, pool.go)
-	// since New or the heap's last start-over (every block freed). A log
-	// event at Info level marks the switch.
+	// since New or the heap's last start-over (Pool.startOver: every
+	// block freed, no page released). A log event at Info level marks the
+	// switch.
 	TopKept bool
 
 	// Allocs and Frees count successful calls since New (cache hits

@@ -101,8 +101,9 @@ type vmmHeap struct {
 	// index's region after the heap started over (startOver): reserved,
 	// not in the index, taken back by the next growths (extend) with no
 	// driver call. Every path but a growth that looks at free pages
-	// (release, recycle) takes them back first, so that only growAndSearch,
-	// Stats and the checks see them apart.
+	// (release, recycle) takes them back first, so that only the growths
+	// (growAndSearch, growFromStandby, and noteFragmentation, which leaves
+	// them out of the heap's memory), Stats and the checks see them apart.
 	standby uint64
 	// orphans are physical allocations unmapped or never mapped whose
 	// cuMemRelease failed: still the pool's, counted as reserved, and
