@@ -134,16 +134,7 @@ func TestSevereFragmentationKeepsTheTop(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
 			p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-12, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-			var live, holes []uintptr
-			for i := range 2*c.pieces + 1 + c.extra {
-				ptr, err := p.Alloc(8 * miB)
-				require.NoError(t, err)
-				if i%2 == 1 && i < 2*c.pieces {
-					holes = append(holes, ptr)
-				} else {
-					live = append(live, ptr)
-				}
-			}
+			live, holes := eightMiBBlocks(t, p, 2*c.pieces+1+c.extra, c.pieces)
 			if c.top > 0 {
 				top, err := p.Alloc(c.top)
 				require.NoError(t, err)
@@ -194,17 +185,8 @@ func TestAStartOverForgetsTheKeptTop(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
 			p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-12, Wilderness: c.wild, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-			run := func(first bool) (placed []uintptr) {
-				var holes []uintptr
-				for i := range 17 {
-					ptr, err := p.Alloc(8 * miB)
-					require.NoError(t, err)
-					if i%2 == 1 && i < 2*c.holes {
-						holes = append(holes, ptr)
-					} else {
-						placed = append(placed, ptr)
-					}
-				}
+			run := func(first bool) []uintptr {
+				placed, holes := eightMiBBlocks(t, p, 17, c.holes)
 				for _, h := range holes {
 					require.NoError(t, p.Free(h))
 				}
@@ -246,16 +228,7 @@ func TestAStartOverForgetsTheKeptTop(t *testing.T) {
 func TestASkippedStartOverForgetsTheKeptTop(t *testing.T) {
 	d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
 	p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 0.25, MaxBytes: 136 * miB, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-	var all, holes []uintptr
-	for i := range 17 {
-		ptr, err := p.Alloc(8 * miB)
-		require.NoError(t, err)
-		if i%2 == 1 {
-			holes = append(holes, ptr)
-		} else {
-			all = append(all, ptr)
-		}
-	}
+	all, holes := eightMiBBlocks(t, p, 17, 8)
 	for _, h := range holes {
 		require.NoError(t, p.Free(h))
 	}
@@ -272,4 +245,21 @@ func TestASkippedStartOverForgetsTheKeptTop(t *testing.T) {
 	p.mu.Unlock()
 	require.True(t, skipped, "the heap stayed as it was")
 	assert.False(t, p.Stats().TopKept)
+}
+
+// eightMiBBlocks allocates n blocks of 8 MiB from p in turn and returns
+// the odd ones among the first 2×holes (to be freed: holes between live
+// blocks) apart from the others.
+func eightMiBBlocks(t *testing.T, p *Pool, n, holes int) (live, odd []uintptr) {
+	t.Helper()
+	for i := range n {
+		ptr, err := p.Alloc(8 * miB)
+		require.NoError(t, err)
+		if i%2 == 1 && i < 2*holes {
+			odd = append(odd, ptr)
+		} else {
+			live = append(live, ptr)
+		}
+	}
+	return live, odd
 }
