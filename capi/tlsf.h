@@ -212,7 +212,8 @@ void tlsf_record_stream(void* ptr, void* stream);
  * default best fit within the request's own list), wilderness
  * (true|false, backend vmm only, ignored by the others: keep the free top
  * of the heap for requests no other free block holds from the start, not
- * only once fragmentation is severe), passthrough (true|false: wins over
+ * only once fragmentation is severe and until every block is freed),
+ * passthrough (true|false: wins over
  * backend), guard (bytes of red zone after every block, checked on free;
  * at most 1MiB), history (events kept for the Go API's snapshots, at most
  * 2^24; no call of this ABI reads them), history_stacks (true|false).

@@ -112,8 +112,8 @@ func TestWildernessKeepsTheTopOfTheHeap(t *testing.T) {
 
 // A VMM pool that must grow although a quarter of its memory lies free
 // outside the top of its heap, in pieces that would hold the request but
-// none of them alone, keeps that top from then on as Options.Wilderness
-// does (severeFragmentation) until it starts over
+// none of them alone, keeps that top as Options.Wilderness does
+// (severeFragmentation) until it starts over
 // (TestAStartOverForgetsTheKeptTop), and says so in Stats.TopKept; one whose
 // free pieces are a smaller share, or too small together, does not.
 // Pages released under the free top (Trim) are not counted twice.

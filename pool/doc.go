@@ -23,13 +23,13 @@
 //     at most tlsf.FitScan blocks read), else the O(1) good fit of TLSF
 //     §3.3 (Options.GoodFit for good fit alone), and immediate coalescing,
 //     with all metadata on the CPU; a VMM heap's free top is kept for
-//     requests no other block holds once fragmentation is severe
-//     (severeFragmentation; Options.Wilderness: from the start). Small
-//     and large blocks share one heap: small ones fill the gaps large
-//     ones leave. Giving blocks of up to 1 MiB a heap of their own, as
-//     PyTorch's small pool does, was measured on the nine traces
-//     (simulated H200, 2026-12-04, peak reserved over peak live, two
-//     pools on one device): lstm 1.120 against 1.032 (PyTorch's
+//     requests no other block holds once fragmentation is severe, until
+//     every block is freed (severeFragmentation; Options.Wilderness: from
+//     the start). Small and large blocks share one heap: small ones fill
+//     the gaps large ones leave. Giving blocks of up to 1 MiB a heap of
+//     their own, as PyTorch's small pool does, was measured on the nine
+//     traces (simulated H200, 2026-12-04, peak reserved over peak live,
+//     two pools on one device): lstm 1.120 against 1.032 (PyTorch's
 //     expandable segments: 1.120), tdnn 1.203 against 1.193, llama-bf16
 //     1.067 against 1.059, better only on deeplab (1.035 against 1.040),
 //     resnet50-infer (1.145 against 1.151) and bert; and taking the

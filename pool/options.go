@@ -206,8 +206,9 @@ type Options struct {
 	// grow while a quarter of its memory lies free outside its top, in
 	// pieces that together would hold the request (severe fragmentation),
 	// when the pool keeps the top, as with Wilderness, until every block
-	// is freed and the heap starts over (Stats.TopKept). Measured on the simulated H200 (2026-12-02, peak
-	// reserved over peak live after a cold and ten warm replays; default ·
+	// is freed and the heap starts over (Stats.TopKept). Measured on the
+	// simulated H200 (2026-12-02, peak reserved over peak live after a
+	// cold and ten warm replays; default ·
 	// Wilderness), on the shared traces: lstm 1.062 · 1.128, resnet50
 	// 1.020 · 1.020, tdnn 1.193 · 1.193; on six traces recorded later to
 	// test the pool on workloads it was not tuned on (bench/traces):

@@ -875,11 +875,11 @@ func (p *Pool) roomFor(size, align uint64) (uint64, error) {
 // growth with no cached block back either (and it checks for severe
 // fragmentation first, as the first run's growth did: noteFragmentation);
 // a growth the standby pages do not cover reclaims them as any other. It
-// reports whether it served the
-// request; where it did not, nothing changed, or the standby pages joined
-// the heap and the search failed, which allocMiss's later search of the
-// grown heap then repeats (not reached: with pages on standby the heap
-// has no holes, and the pages cover the block). Measured on the
+// reports whether it served the request; where it did not, nothing
+// changed, or the standby pages joined the heap and the search failed,
+// which allocMiss's later search of the grown heap then repeats (not
+// reached: with pages on standby the heap has no holes, and the pages
+// cover the block). Measured on the
 // simulated device (development VM, pinned to one core, 2026-12-03,
 // medians of six alternating runs of BenchmarkPoolReplay's minimum per
 // replay): warm replays, each growing from standby again after the last
@@ -1113,7 +1113,7 @@ func (p *Pool) noteFragmentation(room, tail uint64) {
 	if free >= room && float64(free) >= severeFragmentation*float64(inUse) {
 		p.x.SetWilderness(true)
 		p.logEvent(slog.LevelInfo, "tlsf pool: fragmentation is severe, the free top of the heap is kept for requests nothing else holds until every block is freed",
-			slog.Uint64("free_outside_top_bytes", free), slog.Uint64("reserved_bytes", p.reserved()), slog.Uint64("request_bytes", room))
+			slog.Uint64("free_outside_top_bytes", free), slog.Uint64("heap_bytes", inUse), slog.Uint64("standby_bytes", h.standby*h.gran), slog.Uint64("request_bytes", room))
 	}
 }
 

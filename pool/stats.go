@@ -65,7 +65,7 @@ type Stats struct {
 	// growth under severe fragmentation (severeFragmentation, pool.go)
 	// since New or the heap's last start-over (Pool.startOver: every
 	// block freed, no page released). A log event at Info level marks the
-	// switch.
+	// switch on; the start-over turns it off (its Debug event).
 	TopKept bool
 
 	// Allocs and Frees count successful calls since New (cache hits

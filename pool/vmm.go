@@ -102,7 +102,7 @@ type vmmHeap struct {
 	// not in the index, taken back by the next growths (extend) with no
 	// driver call. Every path but a growth that looks at free pages
 	// (release, recycle) takes them back first, so that only the growths
-	// (growAndSearch, growFromStandby, and noteFragmentation, which leaves
+	// (growAndSearch, growFromStandby), noteFragmentation (which leaves
 	// them out of the heap's memory), Stats and the checks see them apart.
 	standby uint64
 	// orphans are physical allocations unmapped or never mapped whose
