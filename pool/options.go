@@ -198,28 +198,27 @@ type Options struct {
 	// medians of ten).
 	GoodFit bool
 
-	// Wilderness keeps a VMM pool's free top of the heap (the free block
-	// at the end of its mapped range, which a growth extends) for requests
-	// no other free block holds, from the start: the wilderness
-	// preservation heuristic (tlsf.Config.Wilderness). Default false: best
-	// fit takes the top when it is the tightest block, until the heap must
-	// grow while a quarter of its memory lies free outside its top, in
-	// pieces that together would hold the request (severe fragmentation),
-	// when the pool keeps the top, as with Wilderness, until every block
-	// is freed and the heap starts over (Stats.TopKept). Measured on the
-	// simulated H200 (2026-12-02, peak reserved over peak live after a
-	// cold and ten warm replays; default ·
-	// Wilderness), on the shared traces: lstm 1.062 · 1.128, resnet50
-	// 1.020 · 1.020, tdnn 1.193 · 1.193; on six traces recorded later to
-	// test the pool on workloads it was not tuned on (bench/traces):
-	// ResNet-50 inference at batch 1–256 1.151 · 1.151 (1.290 before the
-	// switch on severe fragmentation), BERT 1.006 · 1.007, DeepLabV3 1.045
-	// · 1.045, Llama (bf16) 1.059 · 1.063, MobileNetV3 1.003 · 1.005,
-	// ViT-B/16 1.036 · 1.042 (with per-P caches on many cores these move
-	// by up to 0.8% from run to run); PyTorch's expandable segments on the
-	// H200: 1.120, 1.020, 1.204, 1.148, 1.004, 1.036, 1.068, 1.006, 1.034.
-	// Ignored by other backends. The TLSF_ALLOC_CONF key "wilderness" sets
-	// it.
+	// Wilderness keeps a VMM pool's free top of the heap (the free block at
+	// the end of its mapped range, which a growth extends) for requests no
+	// other free block holds, from the start: the wilderness preservation
+	// heuristic (tlsf.Config.Wilderness). Default false: best fit takes the
+	// top when it is the tightest block, until the heap must grow while a
+	// quarter of its memory lies free outside its top, in pieces that
+	// together would hold the request (severe fragmentation), when the pool
+	// keeps the top, as with Wilderness, until every block is freed and the
+	// heap starts over (Stats.TopKept). Measured on the simulated H200
+	// (2026-12-02, peak reserved over peak live after a cold and ten warm
+	// replays; default · Wilderness), on the shared traces: lstm 1.062 ·
+	// 1.128, resnet50 1.020 · 1.020, tdnn 1.193 · 1.193; on six traces
+	// recorded later to test the pool on workloads it was not tuned on
+	// (bench/traces): ResNet-50 inference at batch 1–256 1.151 · 1.151
+	// (1.290 before the switch on severe fragmentation), BERT 1.006 · 1.007,
+	// DeepLabV3 1.045 · 1.045, Llama (bf16) 1.059 · 1.063, MobileNetV3 1.003
+	// · 1.005, ViT-B/16 1.036 · 1.042 (with per-P caches on many cores these
+	// move by up to 0.8% from run to run); PyTorch's expandable segments on
+	// the H200: 1.120, 1.020, 1.204, 1.148, 1.004, 1.036, 1.068, 1.006,
+	// 1.034. Ignored by other backends. The TLSF_ALLOC_CONF key "wilderness"
+	// sets it.
 	Wilderness bool
 
 	// Cache configures the per-P small-block caches (see Cache).

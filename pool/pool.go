@@ -871,22 +871,21 @@ func (p *Pool) roomFor(size, align uint64) (uint64, error) {
 // started over from its standby pages (takeStandby), where those cover
 // the growth, before the caches of other Ps are reclaimed: the pages are
 // mapped and reserved already, so taking them costs no driver call and
-// adds nothing to reserved memory, and the first run made the same
-// growth with no cached block back either (and it checks for severe
+// adds nothing to reserved memory, and the first run made the same growth
+// with no cached block back either (and it checks for severe
 // fragmentation first, as the first run's growth did: noteFragmentation);
 // a growth the standby pages do not cover reclaims them as any other. It
 // reports whether it served the request; where it did not, nothing
 // changed, or the standby pages joined the heap and the search failed,
 // which allocMiss's later search of the grown heap then repeats (not
 // reached: with pages on standby the heap has no holes, and the pages
-// cover the block). Measured on the
-// simulated device (development VM, pinned to one core, 2026-12-03,
-// medians of six alternating runs of BenchmarkPoolReplay's minimum per
-// replay): warm replays, each growing from standby again after the last
-// one freed everything, took 2% (lstm), 4% (resnet50) and 5% (tdnn,
-// resnet50-infer) less time per operation; peak reserved of the nine
-// traces of the README stayed as it was at GOMAXPROCS 1 and 16. Pool
-// lock held.
+// cover the block). Measured on the simulated device (development VM,
+// pinned to one core, 2026-12-03, medians of six alternating runs of
+// BenchmarkPoolReplay's minimum per replay): warm replays, each growing
+// from standby again after the last one freed everything, took 2% (lstm),
+// 4% (resnet50) and 5% (tdnn, resnet50-infer) less time per operation;
+// peak reserved of the nine traces of the README stayed as it was at
+// GOMAXPROCS 1 and 16. Pool lock held.
 func (p *Pool) growFromStandby(size, align uint64) (tlsf.Block, bool) {
 	h := p.vmm
 	if h == nil || h.standby == 0 {
@@ -1063,8 +1062,8 @@ func (p *Pool) startOverIsNoOp() bool {
 // and orphans included, standby pages not) is fragmented badly, and keeps
 // its top for requests no other block holds until the heap starts over
 // (tlsf.Index.SetWilderness, Pool.startOver; Options.Wilderness does so
-// always). The check runs before the
-// cap's, so a capped pool may switch on a growth that then fails.
+// always). The check runs before the cap's, so a capped pool may switch
+// on a growth that then fails.
 //
 // Why a switch, and why a quarter: neither placement is better
 // everywhere. Best fit taking a tight top did better on the training
