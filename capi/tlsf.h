@@ -213,10 +213,10 @@ void tlsf_record_stream(void* ptr, void* stream);
  * (true|false, backend vmm only, ignored by the others: keep the free top
  * of the heap for requests no other free block holds from the start, not
  * only once fragmentation is severe and until every block is freed),
- * passthrough (true|false: wins over
- * backend), guard (bytes of red zone after every block, checked on free;
- * at most 1MiB), history (events kept for the Go API's snapshots, at most
- * 2^24; no call of this ABI reads them), history_stacks (true|false).
+ * passthrough (true|false: wins over backend), guard (bytes of red zone
+ * after every block, checked on free; at most 1MiB), history (events
+ * kept for the Go API's snapshots, at most 2^24; no call of this ABI
+ * reads them), history_stacks (true|false).
  * Bytes: an integer, or a number and a unit KiB, MiB, GiB, TiB (powers
  * of 1024), KB, MB, GB, TB (powers of 1000) or B; with a unit the number
  * may have a fraction, rounded down to whole bytes (so "0.5B" is 0).
