@@ -63,7 +63,7 @@ func TestGoodFitBlocksKeepTheirSizeClass(t *testing.T) {
 		p := openPool(t, d, Options{Backend: be, GoodFit: true})
 		require.Equal(t, uint64(1<<20), p.opts.Cache.MaxSize, "good fit's caches serve blocks of 1 MiB and less")
 		// 5 MiB + 1000 twice: the first grows the heap (the slow path),
-		// the second is served from the index (allocFast's).
+		// the second is served from the index (AllocOn's fast path).
 		for _, size := range []uint64{5*miB + 1000, 5*miB + 1000, 2*miB + 1, 300 << 10, 1000} {
 			before := p.Stats().Allocated
 			ptr, err := p.Alloc(size)

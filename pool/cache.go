@@ -509,7 +509,7 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 	if pid >= len(c.ps) { // moved to a P without a cache meanwhile
 		procUnpin()
 		for _, nb := range batch[1:] {
-			p.setMeta(nb, stateCached)
+			p.setState(nb, stateCached)
 			_ = c.giveBack(nb.Addr, true)
 		}
 		c.sysBytes -= b.Size
@@ -518,8 +518,8 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 		return uintptr(b.Addr), nil
 	}
 	for _, nb := range batch {
-		p.setMeta(nb, stateCached)
-		p.meta[nb.ID].owner = uint32(pid)
+		p.setState(nb, stateCached)
+		p.setOwner(nb, uint32(pid))
 	}
 	pc := &c.ps[pid]
 	pc.lockWait()
@@ -668,7 +668,7 @@ func (c *cacheSet) toCentral(addrs []uint64) {
 		}
 		class, _ := c.classes.SizeClass(b.Size)
 		c.central[class] = append(c.central[class], cblock{a, b.ID})
-		p.meta[b.ID].owner = centralOwner
+		p.setOwner(b, centralOwner)
 		c.centralBytes += b.Size
 		c.centralBlocks++
 	}
@@ -841,7 +841,7 @@ func (c *cacheSet) adoptIdle(self, from int) bool {
 	for _, a := range stacks {
 		for _, addr := range a.addrs {
 			if b, err := c.p.x.Lookup(addr); err == nil { // cached blocks are allocated in the index
-				c.p.meta[b.ID].owner = uint32(self)
+				c.p.setOwner(b, uint32(self))
 			}
 		}
 	}
@@ -874,13 +874,13 @@ func (c *cacheSet) giveBack(addr uint64, keep bool) error {
 	}
 	c.sysBytes -= b.Size
 	c.sysBlocks--
-	p.meta[b.ID].state = 0
+	p.setState(b, 0)
 	err = p.releaseFreed(b, 0)
 	if err == nil || !keep {
 		return err
 	}
-	p.setMeta(b, stateCached)
-	p.meta[b.ID].owner = 0
+	p.setState(b, stateCached)
+	p.setOwner(b, 0)
 	c.sysBytes += b.Size
 	c.sysBlocks++
 	class, _ := c.classes.SizeClass(b.Size)
@@ -915,7 +915,7 @@ func (c *cacheSet) drainLocked(keep bool) error {
 // or in its owner's table: if not in the table, it was freed already.
 // Pool lock held.
 func (c *cacheSet) takeLive(b tlsf.Block) (ok, last bool) {
-	owner := c.p.meta[b.ID].owner
+	owner := c.p.owner(b)
 	if int(owner) >= len(c.ps) {
 		return false, false
 	}
@@ -952,7 +952,7 @@ func (c *cacheSet) adopt(b tlsf.Block) bool {
 	over := pc.stackBytes > c.share.Load()
 	pc.unlock()
 	procUnpin()
-	c.p.meta[b.ID].owner = uint32(pid)
+	c.p.setOwner(b, uint32(pid))
 	if over {
 		c.shed(pid)
 	}
@@ -1016,10 +1016,10 @@ func (c *cacheSet) check() error {
 			bad = fmt.Errorf("pool: cached block %#x: %w", addr, err)
 		case b.Size != size:
 			bad = fmt.Errorf("pool: cached block %#x has %d bytes, the cache says %d", addr, b.Size, size)
-		case c.p.meta[b.ID].state != stateCached:
-			bad = fmt.Errorf("pool: cached block %#x in state %d", addr, c.p.meta[b.ID].state)
-		case c.p.meta[b.ID].owner != uint32(owner): // centralOwner converts back
-			bad = fmt.Errorf("pool: block %#x in cache %d records owner %d", addr, owner, c.p.meta[b.ID].owner)
+		case c.p.state(b.ID) != stateCached:
+			bad = fmt.Errorf("pool: cached block %#x in state %d", addr, c.p.state(b.ID))
+		case c.p.owner(b) != uint32(owner): // centralOwner converts back
+			bad = fmt.Errorf("pool: block %#x in cache %d records owner %d", addr, owner, c.p.owner(b))
 		case seen[addr]:
 			bad = fmt.Errorf("pool: block %#x held twice by caches", addr)
 		case !c.maybeCached(uintptr(addr)):

@@ -230,10 +230,10 @@ func (p *Pool) Size(ptr uintptr) (uint64, error) {
 	if err != nil {
 		return 0, p.translate(uint64(ptr), err)
 	}
-	switch m := p.meta[b.ID]; {
-	case m.state == stateLive:
+	switch st := p.state(b.ID); {
+	case st == stateLive:
 		return b.Size, nil
-	case m.state == stateCached && p.cache.handedOut(m.owner, b.Addr):
+	case st == stateCached && p.cache.handedOut(p.owner(b), b.Addr):
 		return b.Size, nil
 	}
 	return 0, fmt.Errorf("%w: %#x", ErrDoubleFree, ptr)

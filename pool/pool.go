@@ -26,7 +26,6 @@ const (
 )
 
 type allocMeta struct {
-	state uint8
 	owner uint32 // stateCached: the P whose cache holds it
 }
 
@@ -300,41 +299,59 @@ func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 	if p.hist != nil {
 		return p.allocRecorded(size, s) // history.go
 	}
-	return p.allocOn(size, s)
-}
-
-// allocOn is AllocOn without the debug layer and history.
-func (p *Pool) allocOn(size uint64, s device.Stream) (uintptr, error) {
-	c := p.cache
-	cached := c != nil && c.serves(size, uintptr(s))
-	if cached {
-		if ptr, ok := c.alloc(size); ok {
-			return ptr, nil
-		}
+	if c := p.cache; c != nil && c.serves(size, uintptr(s)) {
+		return p.allocCached(size, s)
 	}
-	return p.lockedAlloc(size, s, cached)
-}
-
-// lockedAlloc is AllocOn's entry under the lock (a cache refill or the
-// index), apart so that the fast path stays small. allocFast's case
-// unlocks without a defer: on the simulated H200, medians of six runs
-// alternating with the deferred unlock (BenchmarkPoolReplay's minimum per
-// replay, pinned to one core of the development VM, 2026-12-03), warm
-// replays took 41.2, 48.1, 38.6 and 39.7 ns per operation (lstm,
-// resnet50, tdnn, resnet50-infer) against 42.0, 48.3, 39.1 and 40.6.
-func (p *Pool) lockedAlloc(size uint64, s device.Stream, cached bool) (uintptr, error) {
+	// The common locked case, written out here: a request of a
+	// single-stream pool on its stream, placed as place places it (best
+	// fit, or good fit with Options.GoodFit), in a heap with no released
+	// pages (no hole can lie under the block), that the index serves
+	// without growing. Everything else goes to lockedSlow, the pool
+	// unchanged here, whose allocLocked serves it. Each call saved counts:
+	// freeOn's comment gives the figures.
 	p.mu.Lock()
-	if !cached {
-		if ptr, ok := p.allocFast(size, s); ok {
-			// Not deferred: allocFast runs no caller's code.
-			p.mu.Unlock()
-			return ptr, nil
-		}
+	st := p.ss.first
+	if p.closed || size-1 >= p.fastMax || st == nil || st.s != s || p.ss.multi || (p.vmm != nil && p.vmm.holes != 0) {
+		return p.lockedSlow(size, s, false)
 	}
-	return p.lockedSlow(size, s, cached)
+	var b tlsf.Block
+	var err error
+	if p.opts.GoodFit { // place's unaligned cases, inline: calling place costs 2%
+		b, err = p.x.Alloc(size)
+	} else {
+		b, err = p.x.AllocFit(size)
+	}
+	if err != nil {
+		return p.lockedSlow(size, s, false) // ErrNoSpace: allocLocked's search fails too, and grows
+	}
+	p.full.reqs++
+	p.noteAlloc(b, false)
+	// Not deferred: nothing above runs a caller's code.
+	p.mu.Unlock()
+	return uintptr(b.Addr), nil
 }
 
-// lockedSlow is lockedAlloc's rest, the pool's lock held, which it
+// allocCached serves a request the caches serve (cacheSet.serves): from
+// the current P's cache, else by a refill under the pool's lock.
+func (p *Pool) allocCached(size uint64, s device.Stream) (uintptr, error) {
+	if ptr, ok := p.cache.alloc(size); ok {
+		return ptr, nil
+	}
+	p.mu.Lock()
+	return p.lockedSlow(size, s, true)
+}
+
+// allocOn is AllocOn without the debug layer and history, and without
+// its fast path: allocLocked serves the same requests.
+func (p *Pool) allocOn(size uint64, s device.Stream) (uintptr, error) {
+	if c := p.cache; c != nil && c.serves(size, uintptr(s)) {
+		return p.allocCached(size, s)
+	}
+	p.mu.Lock()
+	return p.lockedSlow(size, s, false)
+}
+
+// lockedSlow is AllocOn's rest, the pool's lock held, which it
 // gives back: deferred, because the OnOutOfMemory hook, run from here,
 // may panic, and the C ABI recovers panics, after which the pool must not
 // stay locked.
@@ -346,45 +363,10 @@ func (p *Pool) lockedSlow(size uint64, s device.Stream, cached bool) (uintptr, e
 	return p.allocLocked(size, 0, s)
 }
 
-// allocFast is allocLocked's common case in one call, under the pool's
-// lock: a request of a single-stream pool on its stream, placed as place
-// places it (best fit, or good fit with Options.GoodFit), in a heap with
-// no released pages (no hole can lie under the block), that the index
-// serves without growing. It reports false, leaving the pool unchanged,
-// for everything else, which allocLocked then serves. It saves the calls
-// through allocLocked, search, place and the heap's interface: with
-// freeOn taking the lock itself and the caches' filter at 64 KiB
-// (smallGranuleLog2), warm
-// replays on the simulated H200 went from 46.8, 52.6 and 43.9 to 43.7,
-// 51.1 and 42.6 ns per operation on lstm, resnet50 and tdnn, and with
-// GoodFit from 35.0, 47.5 and 40.4 to 34.4, 46.4 and 39.6
-// (BenchmarkPoolReplay's minimum per replay, medians of ten runs
-// alternating with the code before, pinned to one core of a 2-core AMD
-// EPYC VM, 2026-12-02).
-func (p *Pool) allocFast(size uint64, s device.Stream) (uintptr, bool) {
-	st := p.ss.first
-	if p.closed || size-1 >= p.fastMax || st == nil || st.s != s || p.ss.multi || (p.vmm != nil && p.vmm.holes != 0) {
-		return 0, false
-	}
-	var b tlsf.Block
-	var err error
-	if p.opts.GoodFit { // place's unaligned cases, inline: calling place costs 2%
-		b, err = p.x.Alloc(size)
-	} else {
-		b, err = p.x.AllocFit(size)
-	}
-	if err != nil {
-		return 0, false // ErrNoSpace: allocLocked's search fails too, and grows
-	}
-	p.full.reqs++
-	p.noteAlloc(b, false)
-	return uintptr(b.Addr), true
-}
-
 // allocLocked allocates size bytes aligned to align (0: the index's
 // granularity) for stream s. A request of a single-stream pool on its
-// stream runs here (the index, and its miss path) when allocFast did not
-// serve it; everything else goes to allocOdd.
+// stream runs here (the index, and its miss path) when AllocOn's fast
+// path did not serve it; everything else goes to allocOdd.
 func (p *Pool) allocLocked(size, align uint64, s device.Stream) (uintptr, error) {
 	p.full.reqs++
 	if st := p.ss.first; p.closed || size-1 >= p.fastMax || align > indexGranularity || st == nil || st.s != s || p.ss.multi {
@@ -430,18 +412,40 @@ func (p *Pool) ptAlloc(size uint64, s device.Stream) (uintptr, error) {
 	return p.pt.alloc(p, size, s)
 }
 
-// setMeta records the state of allocated block b.
-func (p *Pool) setMeta(b tlsf.Block, state uint8) {
+// state returns the state of the block whose ID is id: 0 for a block
+// the index holds free. It is the block's tag in the index
+// (tlsf.Index.Tag), on the record's cache line that the block's alloc and
+// free touch anyway. Kept in p.meta beside the owner, as before, it took
+// 0.6%, 2.8% and 0.4% more instructions and 5%, 13% and 5% more L1 data
+// misses over 50 warm replays of lstm, resnet50 and tdnn on the
+// simulated H200 (Valgrind's callgrind, 2026-12-07).
+func (p *Pool) state(id uint32) uint8 { return uint8(p.x.Tag(id)) }
+
+// setState records the state of allocated block b.
+func (p *Pool) setState(b tlsf.Block, state uint8) { p.x.SetTag(b.ID, uint32(state)) }
+
+// setOwner records the P whose cache holds block b (stateCached), or
+// centralOwner.
+func (p *Pool) setOwner(b tlsf.Block, owner uint32) {
 	if int(b.ID) >= len(p.meta) {
 		p.meta = append(p.meta, make([]allocMeta, int(p.x.MaxID())-len(p.meta))...)
 	}
-	p.meta[b.ID].state = state
+	p.meta[b.ID].owner = owner
+}
+
+// owner returns the P whose cache holds block b (stateCached), or
+// centralOwner.
+func (p *Pool) owner(b tlsf.Block) uint32 {
+	if int(b.ID) >= len(p.meta) {
+		return 0
+	}
+	return p.meta[b.ID].owner
 }
 
 // noteAlloc records block b handed to a caller; reused means it was
 // pending on the stream and so already counted as active.
 func (p *Pool) noteAlloc(b tlsf.Block, reused bool) {
-	p.setMeta(b, stateLive)
+	p.setState(b, stateLive)
 	c := &p.c
 	c.allocs++
 	c.bySize[sizeBucket(b.Size)]++
@@ -1573,7 +1577,7 @@ func (p *Pool) FreeOn(ptr uintptr, s device.Stream) error {
 	if p.hist != nil {
 		return p.freeRecorded(ptr, s) // history.go
 	}
-	return p.freeOn(ptr, s)
+	return p.freeOn(ptr, 0, s)
 }
 
 // FreeSized frees ptr, allocated with a request of size bytes, as used on
@@ -1597,66 +1601,98 @@ func (p *Pool) FreeSized(ptr uintptr, size uint64) error { return p.FreeSizedOn(
 // size other than the request's frees the block all the same, only
 // without the shortcut. Errors and concurrency: as FreeOn.
 func (p *Pool) FreeSizedOn(ptr uintptr, size uint64, s device.Stream) error {
-	if ptr == 0 || size == 0 || p.dbg != nil || p.hist != nil {
+	if ptr == 0 || p.dbg != nil || p.hist != nil {
 		return p.FreeOn(ptr, s)
 	}
-	if c := p.cache; c != nil && c.serves(size, uintptr(s)) && c.free(ptr) {
-		return nil
+	return p.freeOn(ptr, size, s)
+}
+
+// freeOn is FreeSizedOn without the debug layer and history, size 0
+// meaning unknown (FreeOn's case). With a size, the caches' size filter
+// (cacheSet.serves) tells at once whether a per-P cache may hold the
+// block; without one, their filter of small granules (maybeCached) does.
+// A block a wrong hint sent to the lock is still found: a cached block
+// meets the stateCached case (freeBlock), as one freed on another P does.
+//
+// The common locked case, a live block of a single-stream pool freed on
+// its stream, is written out here: one probe of the index's address
+// table (Detach, FreeDetached), afterLockedFree inlined, the unlock not
+// deferred (nothing here runs a caller's code). Every other case goes to
+// freeRare or freeBlock. Each call saved counts, on the alloc path as
+// here: warm replays on the simulated H200 in ns per operation
+// (BenchmarkPoolReplay; pinned to one core of the 2-core AMD EPYC
+// development VM) went
+//   - with one call for AllocOn's case (allocFast) in place of
+//     allocLocked, search, place and the heap's interface, from 46.8,
+//     52.6 and 43.9 to 43.7, 51.1 and 42.6 on lstm, resnet50 and tdnn
+//     (the minimum per replay, medians of ten runs alternating with the
+//     code before, 2026-12-02);
+//   - with AllocOn's unlock not deferred, from 42.0, 48.3, 39.1 and 40.6
+//     to 41.2, 48.1, 38.6 and 39.7 on lstm, resnet50, tdnn and
+//     resnet50-infer (medians of six, 2026-12-03); a deferred unlock on
+//     the free path cost 2–3%;
+//   - with both cases written out where they are now, in place of
+//     AllocOn → allocOn → lockedAlloc → allocFast and FreeSizedOn →
+//     freeLocked → afterLockedFree: 3.5%, 0.1% and 2.6% fewer
+//     instructions over 50 warm replays of lstm, resnet50 and tdnn
+//     (Valgrind's callgrind),
+//     and, with the block's state in the index's tag (state), 55.6, 54.4
+//     and 48.9 ns per operation against 57.7, 55.2 and 51.5 (medians of
+//     ten runs' medians per replay alternating with the code before,
+//     2026-12-07).
+func (p *Pool) freeOn(ptr uintptr, size uint64, s device.Stream) error {
+	if c := p.cache; c != nil {
+		if size != 0 {
+			if c.serves(size, uintptr(s)) && c.free(ptr) {
+				return nil
+			}
+		} else if s == 0 && ptr%indexGranularity == 0 && c.maybeCached(ptr) && c.free(ptr) {
+			return nil
+		}
 	}
-	// A block the hint placed wrongly is still found: a cached block
-	// meets the locked path's stateCached case (freeBlock), as one freed
-	// on another P does. The locked tail is freeOn's, written out: shared
-	// through a helper (not inlined: sync.Mutex's calls exceed the
-	// budget) or a size branch in freeOn, warm replays ran 1% slower.
 	p.mu.Lock()
-	err := p.freeLocked(ptr, s)
+	st := p.ss.first
+	if p.closed || p.pt != nil || ptr%indexGranularity != 0 || p.ss.multi || st == nil || st.s != s || len(p.ss.uses) != 0 {
+		err := p.freeRare(ptr, s)
+		p.mu.Unlock()
+		return err
+	}
+	b, err := p.x.Detach(uint64(ptr))
+	switch {
+	case err != nil:
+		err = p.translate(uint64(ptr), err)
+	case p.state(b.ID) != stateLive:
+		p.x.Attach(b)
+		err = p.freeBlock(b, s)
+	default:
+		p.x.FreeDetached(b)
+		st.dirty = true
+		c := &p.c
+		c.frees++
+		c.allocated -= b.Size
+		c.allocations--
+		c.active -= b.Size
+		p.afterLockedFree()
+	}
 	p.mu.Unlock()
 	return err
 }
 
-// freeOn is FreeOn without the debug layer and history.
-func (p *Pool) freeOn(ptr uintptr, s device.Stream) error {
-	if c := p.cache; c != nil && s == 0 && ptr%indexGranularity == 0 && c.maybeCached(ptr) && c.free(ptr) {
-		return nil
-	}
-	// Not deferred: freeLocked runs no caller's code, and a deferred
-	// unlock costs a warm replay 2-3% (lstm, resnet50, tdnn).
-	p.mu.Lock()
-	err := p.freeLocked(ptr, s)
-	p.mu.Unlock()
-	return err
-}
-
-// freeLocked frees ptr under the pool's lock. The common case, a live
-// block of a single-stream pool, runs here in one probe of the index's
-// address table (Detach, FreeDetached); everything else goes to
-// freeBlock.
-func (p *Pool) freeLocked(ptr uintptr, s device.Stream) error {
+// freeRare is freeOn under the pool's lock for a closed or passthrough
+// pool, a pointer no block can start at, and a pool in multi-stream mode
+// or a stream other than its one.
+func (p *Pool) freeRare(ptr uintptr, s device.Stream) error {
 	if p.closed || p.pt != nil || ptr%indexGranularity != 0 {
 		return p.freeOdd(ptr, s)
 	}
-	b, err := p.x.Detach(uint64(ptr))
+	b, err := p.x.Lookup(uint64(ptr))
 	if err != nil {
 		return p.translate(uint64(ptr), err)
 	}
-	st := p.ss.first
-	if p.meta[b.ID].state != stateLive || p.ss.multi || st == nil || st.s != s || len(p.ss.uses) != 0 {
-		p.x.Attach(b)
-		return p.freeBlock(b, s)
-	}
-	p.x.FreeDetached(b)
-	st.dirty = true
-	p.meta[b.ID].state = 0
-	c := &p.c
-	c.frees++
-	c.allocated -= b.Size
-	c.allocations--
-	c.active -= b.Size
-	p.afterLockedFree()
-	return nil
+	return p.freeBlock(b, s)
 }
 
-// freeOdd is freeLocked for a closed or passthrough pool, or a pointer
+// freeOdd is freeRare for a closed or passthrough pool, or a pointer
 // no block can start at.
 func (p *Pool) freeOdd(ptr uintptr, s device.Stream) error {
 	if p.closed {
@@ -1678,11 +1714,11 @@ func (p *Pool) freeOdd(ptr uintptr, s device.Stream) error {
 }
 
 // freeBlock frees block b, allocated in the index, in every case but
-// freeLocked's common one: a block cached by a P's cache, pending, or
+// freeOn's common one: a block cached by a P's cache, pending, or
 // freed already; a stream seen for the first time; multi-stream mode.
 func (p *Pool) freeBlock(b tlsf.Block, s device.Stream) error {
 	ptr := b.Addr
-	switch p.meta[b.ID].state {
+	switch p.state(b.ID) {
 	case stateLive:
 	case stateCached:
 		// Handed out by a cache, freed on another P (or meeting a busy
@@ -1712,10 +1748,10 @@ func (p *Pool) freeBlock(b tlsf.Block, s device.Stream) error {
 	p.c.allocated -= b.Size
 	p.c.allocations--
 	p.c.active -= b.Size
-	p.meta[b.ID].state = 0
+	p.setState(b, 0)
 	if err := p.releaseFreed(b, s); err != nil {
 		// The free did not happen: the block is still the caller's.
-		p.meta[b.ID].state = stateLive
+		p.setState(b, stateLive)
 		p.c.frees--
 		p.c.allocated += b.Size
 		p.c.allocations++
@@ -1733,7 +1769,7 @@ func (p *Pool) freeBlock(b tlsf.Block, s device.Stream) error {
 func (p *Pool) uncache(b tlsf.Block) {
 	p.cache.sysBytes -= b.Size
 	p.cache.sysBlocks--
-	p.meta[b.ID].state = stateLive
+	p.setState(b, stateLive)
 	p.c.allocated += b.Size
 	p.c.active += b.Size
 	p.c.allocations++
@@ -1752,7 +1788,7 @@ func (p *Pool) releaseFreed(b tlsf.Block, s device.Stream) error {
 	}
 	if p.ss.multi {
 		p.ss.defer_(st, b)
-		p.setMeta(b, statePending)
+		p.setState(b, statePending)
 		p.c.active += b.Size
 		p.c.pending += b.Size
 		p.c.pendingBlocks++
@@ -1801,7 +1837,6 @@ func (p *Pool) reclaimPending(addr uint64) {
 	if err != nil {
 		return // not reached: pending blocks are allocated in the index
 	}
-	p.meta[b.ID].state = 0
 	p.c.pending -= b.Size
 	p.c.pendingBlocks--
 	p.c.active -= b.Size
@@ -1809,12 +1844,20 @@ func (p *Pool) reclaimPending(addr uint64) {
 
 // afterLockedFree lets a pool whose last block was freed start over
 // (startOver) and applies FreeFloorFraction every ReleaseCheckInterval
-// frees under the lock.
+// frees under the lock. Small enough to inline, the rare cases out of
+// line (afterLockedFreeRare).
 func (p *Pool) afterLockedFree() {
+	p.lockedFree++
+	if p.c.allocations == 0 || p.lockedFree%ReleaseCheckInterval == 0 {
+		p.afterLockedFreeRare()
+	}
+}
+
+// afterLockedFreeRare is afterLockedFree's work.
+func (p *Pool) afterLockedFreeRare() {
 	if p.c.allocations == 0 {
 		p.startOver()
 	}
-	p.lockedFree++
 	if p.lockedFree%ReleaseCheckInterval == 0 && p.opts.FreeFloorFraction > 0 {
 		p.checkFloor()
 	}

@@ -61,7 +61,7 @@ func (p *Pool) RecordStream(ptr uintptr, s device.Stream) error {
 	if err != nil {
 		return p.translate(uint64(ptr), err)
 	}
-	switch p.meta[b.ID].state {
+	switch p.state(b.ID) {
 	case stateLive:
 	case stateCached:
 		// Handed out by a per-P cache, whose lock-free free knows nothing
@@ -111,7 +111,7 @@ func (p *Pool) holdForUses(b tlsf.Block, s device.Stream) (bool, error) {
 	}
 	delete(p.ss.uses, b.Addr)
 	p.ss.held = append(p.ss.held, heldBlock{addr: b.Addr, evs: evs})
-	p.setMeta(b, statePending)
+	p.setState(b, statePending)
 	p.c.active += b.Size
 	p.c.pending += b.Size
 	p.c.pendingBlocks++

@@ -200,13 +200,13 @@ func (p *Pool) Snapshot() (*Snapshot, error) {
 
 // blockState tells the state of allocated block b. Pool lock held.
 func (p *Pool) blockState(b tlsf.Block) BlockState {
-	switch m := p.meta[b.ID]; m.state {
+	switch p.state(b.ID) {
 	case stateLive:
 		return BlockLive
 	case statePending:
 		return BlockPending
 	case stateCached:
-		if p.cache.handedOut(m.owner, b.Addr) {
+		if p.cache.handedOut(p.owner(b), b.Addr) {
 			return BlockLive
 		}
 	}

@@ -209,8 +209,8 @@ func (p *Pool) Check() error {
 		if b.Free {
 			return true
 		}
-		m := p.meta[b.ID]
-		switch m.state {
+		st := p.state(b.ID)
+		switch st {
 		case stateLive:
 			live += b.Size
 			nLive++
@@ -221,7 +221,7 @@ func (p *Pool) Check() error {
 			cached += b.Size
 			nCached++
 		default:
-			bad = fmt.Errorf("pool: allocated block %#x of %d bytes has no owner (state %d)", b.Addr, b.Size, m.state)
+			bad = fmt.Errorf("pool: allocated block %#x of %d bytes has no owner (state %d)", b.Addr, b.Size, st)
 			return false
 		}
 		return true

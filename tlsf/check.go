@@ -133,9 +133,6 @@ func (x *Index) Check() error {
 					return fail("free block %#x is not in list %v", bk.addr, x.listOf(bk))
 				}
 			} else {
-				if bk.nextFree != nilRec {
-					return fail("allocated block %#x has a free-list link", bk.addr)
-				}
 				nAlloc++
 				regAlloc += bk.size
 				if rec, ok := x.live.Get(bk.addr); !ok || rec != uint64(b) {
@@ -173,10 +170,12 @@ func (x *Index) listOf(bk *block) [2]uint {
 	return [2]uint{fl, sl}
 }
 
-// listed reports whether free record b is in its list (listFor).
+// listed reports whether free record b is in its list (listFor). The
+// walk stops at an allocated record, whose nextFree is its tag, not a
+// link (checkLists reports such a list).
 func (x *Index) listed(b uint32) bool {
 	fl, sl := x.listFor(&x.blocks[b])
-	for c := x.heads[listIndex(fl, sl)]; c != nilRec; c = x.blocks[c].nextFree {
+	for c := x.heads[listIndex(fl, sl)]; c != nilRec && x.blocks[c].free(); c = x.blocks[c].nextFree {
 		if c == b {
 			return true
 		}

@@ -67,7 +67,7 @@ type block struct {
 	prevPhys uint32 // the block just below in the same region, or nilRec
 	nextPhys uint32 // the block just above in the same region, or nilRec
 	prevFree uint32 // free-list neighbours while free; allocMark while allocated
-	nextFree uint32
+	nextFree uint32 // while allocated, the block's tag (Tag)
 }
 
 func (bk *block) free() bool { return bk.prevFree != allocMark }
@@ -202,7 +202,7 @@ func (x *Index) Alloc(size uint64) (Block, error) {
 		x.link(x.cut(b, r))
 		bk = &x.blocks[b] // cut may have moved the records
 	}
-	bk.prevFree, bk.nextFree = allocMark, nilRec
+	bk.prevFree, bk.nextFree = allocMark, 0 // tag 0
 	x.freeBlocksN--
 	x.allocBlocks++
 	x.allocated += bk.size
@@ -341,6 +341,32 @@ func (x *Index) Lookup(addr uint64) (Block, error) {
 	return x.public(uint32(b)), nil
 }
 
+// Tag returns the tag of the allocated block whose ID is id: 32 bits
+// its caller keeps with the block (SetTag), 0 from its allocation on,
+// and 0 for an ID that names no allocated block. The tag lives in the
+// block's record, in a link only free blocks use and on the cache line
+// that the block's allocation and free touch anyway, so that per-block
+// state costs no other memory access (the pool's state of each block, in
+// a slice of its own, cost its warm replays 1-2 ns per operation). In
+// O(1).
+func (x *Index) Tag(id uint32) uint32 {
+	if int(id) >= len(x.blocks) || x.blocks[id].prevFree != allocMark {
+		return 0
+	}
+	return x.blocks[id].nextFree
+}
+
+// SetTag sets the tag of the allocated block whose ID is id (Tag); for
+// an ID that names no allocated block it does nothing and reports false.
+// In O(1).
+func (x *Index) SetTag(id, tag uint32) bool {
+	if int(id) >= len(x.blocks) || x.blocks[id].prevFree != allocMark {
+		return false
+	}
+	x.blocks[id].nextFree = tag
+	return true
+}
+
 // MaxID bounds the IDs of allocated blocks: every ID is below it. It
 // grows as the index holds more blocks.
 func (x *Index) MaxID() uint32 { return uint32(len(x.blocks)) }
@@ -379,7 +405,7 @@ func (x *Index) findSuitable(size, need uint64) (b uint32, list uint) {
 // block.
 func (x *Index) markAllocated(b uint32) Block {
 	bk := &x.blocks[b]
-	bk.prevFree, bk.nextFree = allocMark, nilRec
+	bk.prevFree, bk.nextFree = allocMark, 0 // tag 0
 	x.freeBlocksN--
 	x.allocBlocks++
 	x.allocated += bk.size

@@ -422,3 +422,54 @@ func TestFreeOfTheTopAddress(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnknownAddress)
 	assert.Equal(t, before, snap(x))
 }
+
+// A tag is the caller's while its block is allocated: 0 from the
+// allocation on (a recycled record's old tag is gone), through Detach and
+// Attach, and nothing at all for a free block or an ID beyond MaxID,
+// whose SetTag changes nothing. Tags never reach the free lists: blocks
+// freed with one merge and are listed as any other.
+func TestTags(t *testing.T) {
+	x := newIndex(t, 0, 1*MiB)
+	a := mustAlloc(t, x, 64*KiB)
+	b := mustAlloc(t, x, 64*KiB)
+	assert.Zero(t, x.Tag(a.ID))
+	require.True(t, x.SetTag(a.ID, 7))
+	require.True(t, x.SetTag(b.ID, math.MaxUint32))
+	assert.Equal(t, uint32(7), x.Tag(a.ID))
+	assert.Equal(t, uint32(math.MaxUint32), x.Tag(b.ID))
+	require.NoError(t, x.Check())
+
+	d, err := x.Detach(a.Addr)
+	require.NoError(t, err)
+	assert.Equal(t, uint32(7), x.Tag(d.ID))
+	x.Attach(d)
+	assert.Equal(t, uint32(7), x.Tag(a.ID))
+
+	last, err := x.Last(0)
+	require.NoError(t, err)
+	require.True(t, last.Free)
+	before := snap(x)
+	assert.False(t, x.SetTag(last.ID, 9), "a free block has no tag")
+	assert.Zero(t, x.Tag(last.ID))
+	assert.False(t, x.SetTag(x.MaxID(), 9))
+	assert.Zero(t, x.Tag(x.MaxID()))
+	assert.Equal(t, before, snap(x))
+	require.NoError(t, x.Check())
+
+	_, err = x.Free(a.Addr)
+	require.NoError(t, err)
+	_, err = x.Free(b.Addr)
+	require.NoError(t, err)
+	require.NoError(t, x.Check())
+	assert.Equal(t, 1, x.Stats().FreeBlocks, "freed tagged blocks merge into one")
+
+	c := mustAlloc(t, x, 64*KiB) // a record a tagged block had
+	assert.Zero(t, x.Tag(c.ID))
+	require.True(t, x.SetTag(c.ID, 3))
+	_, err = x.Free(c.Addr)
+	require.NoError(t, err)
+	e, err := x.AllocFit(64 * KiB) // best fit's path, as the pool's
+	require.NoError(t, err)
+	assert.Zero(t, x.Tag(e.ID))
+	require.NoError(t, x.Check())
+}
