@@ -193,7 +193,7 @@ func onStack(p *Pool, i, class int, stack []uint64, idle bool) []uint64 {
 	pc.lockWait()
 	for _, a := range stack {
 		if b, err := p.x.Lookup(a); err == nil {
-			p.meta[b.ID].owner = uint32(i)
+			p.setOwner(b, uint32(i))
 		}
 		pc.push(class, a)
 		pc.stackBytes += r
@@ -243,7 +243,7 @@ func TestRefillsServeOtherCachesNewestFirst(t *testing.T) {
 	for _, a := range stack {
 		b, err := p.x.Lookup(a)
 		if err == nil {
-			p.meta[b.ID].owner = centralOwner
+			p.setOwner(b, centralOwner)
 			c.central[class] = append(c.central[class], cblock{a, b.ID})
 			c.centralBytes += r
 			c.centralBlocks++

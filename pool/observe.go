@@ -254,7 +254,8 @@ func (c *cacheSet) handedOut(owner uint32, addr uint64) bool {
 
 // Log events (Options.Logger): growth and release at Debug, Trim at
 // Info, out of memory at Warn; sizes in bytes. Pool lock held: a handler
-// must not call the pool.
+// must not call the pool, nor panic (a free's start-over logs with the
+// lock held and not deferred).
 
 func (p *Pool) logEvent(level slog.Level, msg string, attrs ...slog.Attr) {
 	l := p.opts.Logger

@@ -18,7 +18,9 @@ import (
 // what cudaMalloc guarantees.
 const indexGranularity = 256
 
-// Block states, by tlsf block ID.
+// Block states, kept in each allocated block's tag in the index
+// (Pool.state, tlsf.Index.Tag); 0 is a free block, or an allocated one
+// the pool gave no state yet.
 const (
 	stateLive    uint8 = iota + 1 // handed to the caller
 	statePending                  // freed on a stream, awaiting its event
@@ -416,7 +418,7 @@ func (p *Pool) ptAlloc(size uint64, s device.Stream) (uintptr, error) {
 // the index holds free. It is the block's tag in the index
 // (tlsf.Index.Tag), on the record's cache line that the block's alloc and
 // free touch anyway. Kept in p.meta beside the owner, as before, it took
-// 0.6%, 2.8% and 0.4% more instructions and 5%, 13% and 5% more L1 data
+// 0.6%, 2.9% and 0.4% more instructions and 5%, 15% and 5% more L1 data
 // misses over 50 warm replays of lstm, resnet50 and tdnn on the
 // simulated H200 (Valgrind's callgrind, 2026-12-07).
 func (p *Pool) state(id uint32) uint8 { return uint8(p.x.Tag(id)) }
@@ -1617,9 +1619,12 @@ func (p *Pool) FreeSizedOn(ptr uintptr, size uint64, s device.Stream) error {
 // The common locked case, a live block of a single-stream pool freed on
 // its stream, is written out here: one probe of the index's address
 // table (Detach, FreeDetached), afterLockedFree inlined, the unlock not
-// deferred (nothing here runs a caller's code). Every other case goes to
-// freeRare or freeBlock. Each call saved counts, on the alloc path as
-// here: warm replays on the simulated H200 in ns per operation
+// deferred (nothing here runs a caller's code but a start-over's log
+// event, whose Options.Logger handler must neither call the pool nor
+// panic). Every other case goes to freeRare or freeBlock. The size
+// branch above cost warm replays 1% once, against a FreeSizedOn of its
+// own that called freeLocked; the figures below include it. Each call
+// saved counts, on the alloc path as here: warm replays on the simulated H200 in ns per operation
 // (BenchmarkPoolReplay; pinned to one core of the 2-core AMD EPYC
 // development VM) went
 //   - with one call for AllocOn's case (allocFast) in place of
@@ -1679,8 +1684,9 @@ func (p *Pool) freeOn(ptr uintptr, size uint64, s device.Stream) error {
 }
 
 // freeRare is freeOn under the pool's lock for a closed or passthrough
-// pool, a pointer no block can start at, and a pool in multi-stream mode
-// or a stream other than its one.
+// pool, a pointer no block can start at, a pool with no stream yet, in
+// multi-stream mode or freeing on a stream other than its one, and one
+// with blocks whose uses RecordStream recorded.
 func (p *Pool) freeRare(ptr uintptr, s device.Stream) error {
 	if p.closed || p.pt != nil || ptr%indexGranularity != 0 {
 		return p.freeOdd(ptr, s)

@@ -346,7 +346,7 @@ func moveToP1(t *testing.T, p *Pool, ptr uintptr) {
 	to.live.Put(uint64(ptr), v)
 	to.liveBytes += b.Size
 	to.liveBlocks++
-	p.meta[b.ID].owner = 1
+	p.setOwner(b, 1)
 }
 
 // forceStartOver starts p's heap over as startOver would without

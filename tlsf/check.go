@@ -172,7 +172,8 @@ func (x *Index) listOf(bk *block) [2]uint {
 
 // listed reports whether free record b is in its list (listFor). The
 // walk stops at an allocated record, whose nextFree is its tag, not a
-// link (checkLists reports such a list).
+// link, so that Check reports such a list (b is then not in it) instead
+// of following a tag.
 func (x *Index) listed(b uint32) bool {
 	fl, sl := x.listFor(&x.blocks[b])
 	for c := x.heads[listIndex(fl, sl)]; c != nilRec && x.blocks[c].free(); c = x.blocks[c].nextFree {

@@ -346,9 +346,9 @@ func (x *Index) Lookup(addr uint64) (Block, error) {
 // and 0 for an ID that names no allocated block. The tag lives in the
 // block's record, in a link only free blocks use and on the cache line
 // that the block's allocation and free touch anyway, so that per-block
-// state costs no other memory access (the pool's state of each block, in
-// a slice of its own, cost its warm replays 1-2 ns per operation). In
-// O(1).
+// state costs no other memory access (package pool's state of each block
+// in a slice of its own took 0.4–2.9% more instructions and 5–15% more L1
+// data misses on its warm replays). In O(1).
 func (x *Index) Tag(id uint32) uint32 {
 	if int(id) >= len(x.blocks) || x.blocks[id].prevFree != allocMark {
 		return 0

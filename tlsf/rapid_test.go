@@ -13,12 +13,14 @@ import (
 // index makes is taken from an address-ordered free list, which must have
 // had that range free (so no two live blocks overlap), and after every
 // action the model's coalesced free list must equal the index's free
-// blocks exactly.
+// blocks exactly. Every live block carries a tag (Index.SetTag), which
+// must read back unchanged through every other block's split and merge.
 type model struct {
 	x    *Index
 	ref  *bestfit.Allocator
 	reqs map[uint64]uint64 // live block → requested size
 	regs map[uint64]uint64 // region base → size
+	tags map[uint64]uint32 // live block → its tag
 }
 
 func newModel(t *rapid.T) *model {
@@ -31,7 +33,7 @@ func newModel(t *rapid.T) *model {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &model{x: x, ref: bestfit.New(cfg.Granularity), reqs: map[uint64]uint64{}, regs: map[uint64]uint64{}}
+	return &model{x: x, ref: bestfit.New(cfg.Granularity), reqs: map[uint64]uint64{}, regs: map[uint64]uint64{}, tags: map[uint64]uint32{}}
 }
 
 // drawSize favours small sizes and class boundaries ± a little.
@@ -67,6 +69,15 @@ func (m *model) afterAlloc(t *rapid.T, b Block, size, align uint64) {
 		t.Fatalf("block %+v overlaps a live block or lies outside the regions", b)
 	}
 	m.reqs[b.Addr] = size
+	if tag := m.x.Tag(b.ID); tag != 0 {
+		t.Fatalf("new block %+v has tag %d", b, tag)
+	}
+	// Small tags look like record IDs and links, as the pool's states do.
+	tag := rapid.OneOf(rapid.Uint32Range(0, 3), rapid.Uint32()).Draw(t, "tag")
+	if !m.x.SetTag(b.ID, tag) {
+		t.Fatalf("SetTag of live block %+v failed", b)
+	}
+	m.tags[b.Addr] = tag
 }
 
 func (m *model) fitsSomewhere(size uint64) bool {
@@ -82,8 +93,14 @@ func (m *model) check(t *rapid.T) {
 	m.x.Walk(func(b Block) bool {
 		if b.Free {
 			free = append(free, bestfit.Span{Addr: b.Addr, Size: b.Size})
+			if m.x.Tag(b.ID) != 0 || m.x.SetTag(b.ID, 1) {
+				t.Fatalf("free block %+v has a tag", b)
+			}
 		} else {
 			live++
+			if got := m.x.Tag(b.ID); got != m.tags[b.Addr] {
+				t.Fatalf("block %+v: tag %d, set %d", b, got, m.tags[b.Addr])
+			}
 		}
 		return true
 	})
@@ -265,6 +282,7 @@ func TestIndexAgainstModel(t *testing.T) {
 					t.Fatalf("free %#x returned %+v, block was %d bytes", a, freed, want)
 				}
 				delete(m.reqs, a)
+				delete(m.tags, a)
 			},
 			"bad free": func(t *rapid.T) {
 				a := rapid.Uint64Range(0, 80*MiB).Draw(t, "addr")
