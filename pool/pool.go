@@ -72,7 +72,9 @@ type Pool struct {
 	lockedFree int // frees under the lock since the last policy check
 	// fastMax: requests of 1 to fastMax bytes need no size check beyond
 	// the index's (they round up to less than the heap's virtual range);
-	// 0 for a passthrough pool, whose requests all take allocOdd.
+	// 0 for a passthrough pool and once the pool is closed, so that the
+	// fast paths need not look at pt and closed: every request then takes
+	// allocOdd, every free freeRare.
 	fastMax uint64
 
 	cache *cacheSet // nil when caches are off
@@ -313,7 +315,7 @@ func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 	// freeOn's comment gives the figures.
 	p.mu.Lock()
 	st := p.ss.first
-	if p.closed || size-1 >= p.fastMax || st == nil || st.s != s || p.ss.multi || (p.vmm != nil && p.vmm.holes != 0) {
+	if size-1 >= p.fastMax || st == nil || st.s != s || p.ss.multi || (p.vmm != nil && p.vmm.holes != 0) {
 		return p.lockedSlow(size, s, false)
 	}
 	var b tlsf.Block
@@ -371,7 +373,7 @@ func (p *Pool) lockedSlow(size uint64, s device.Stream, cached bool) (uintptr, e
 // path did not serve it; everything else goes to allocOdd.
 func (p *Pool) allocLocked(size, align uint64, s device.Stream) (uintptr, error) {
 	p.full.reqs++
-	if st := p.ss.first; p.closed || size-1 >= p.fastMax || align > indexGranularity || st == nil || st.s != s || p.ss.multi {
+	if st := p.ss.first; size-1 >= p.fastMax || align > indexGranularity || st == nil || st.s != s || p.ss.multi {
 		return p.allocOdd(size, align, s)
 	}
 	b, err := p.search(size, 0)
@@ -1657,7 +1659,7 @@ func (p *Pool) freeOn(ptr uintptr, size uint64, s device.Stream) error {
 	}
 	p.mu.Lock()
 	st := p.ss.first
-	if p.closed || p.pt != nil || ptr%indexGranularity != 0 || p.ss.multi || st == nil || st.s != s || len(p.ss.uses) != 0 {
+	if p.fastMax == 0 || ptr%indexGranularity != 0 || p.ss.multi || st == nil || st.s != s || len(p.ss.uses) != 0 {
 		err := p.freeRare(ptr, s)
 		p.mu.Unlock()
 		return err
@@ -2091,6 +2093,7 @@ func (p *Pool) Close() error {
 		errs = append(errs, p.dev.Device.Close())
 	}
 	p.closed = true
+	p.fastMax = 0
 	p.closedFlag.Store(true)
 	return errors.Join(errs...)
 }
