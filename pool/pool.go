@@ -1625,28 +1625,27 @@ func (p *Pool) FreeSizedOn(ptr uintptr, size uint64, s device.Stream) error {
 // event, whose Options.Logger handler must neither call the pool nor
 // panic). Every other case goes to freeRare or freeBlock. The size
 // branch above cost warm replays 1% once, against a FreeSizedOn of its
-// own that called freeLocked; the figures below include it. Each call
-// saved counts, on the alloc path as here: warm replays on the simulated H200 in ns per operation
-// (BenchmarkPoolReplay; pinned to one core of the 2-core AMD EPYC
-// development VM) went
-//   - with one call for AllocOn's case (allocFast) in place of
-//     allocLocked, search, place and the heap's interface, from 46.8,
-//     52.6 and 43.9 to 43.7, 51.1 and 42.6 on lstm, resnet50 and tdnn
-//     (the minimum per replay, medians of ten runs alternating with the
-//     code before, 2026-12-02);
-//   - with AllocOn's unlock not deferred, from 42.0, 48.3, 39.1 and 40.6
-//     to 41.2, 48.1, 38.6 and 39.7 on lstm, resnet50, tdnn and
-//     resnet50-infer (medians of six, 2026-12-03); a deferred unlock on
-//     the free path cost 2–3%;
-//   - with both cases written out where they are now, in place of
-//     AllocOn → allocOn → lockedAlloc → allocFast and FreeSizedOn →
-//     freeLocked → afterLockedFree: 3.5%, 0.1% and 2.6% fewer
-//     instructions over 50 warm replays of lstm, resnet50 and tdnn
-//     (Valgrind's callgrind),
-//     and, with the block's state in the index's tag (state), 55.6, 54.4
-//     and 48.9 ns per operation against 57.7, 55.2 and 51.5 (medians of
-//     ten runs' medians per replay alternating with the code before,
-//     2026-12-07).
+// own that called freeLocked; the figures below include it.
+//
+// Each call saved counts, on the alloc path as here. Warm replays on the
+// simulated H200 (BenchmarkPoolReplay, pinned to one core of the 2-core
+// AMD EPYC development VM), in ns per operation:
+//   - one call for AllocOn's case (allocFast) in place of allocLocked,
+//     search, place and the heap's interface: lstm, resnet50 and tdnn
+//     from 46.8, 52.6 and 43.9 to 43.7, 51.1 and 42.6 (the minimum per
+//     replay, medians of ten runs alternating with the code before,
+//     2026-12-02);
+//   - AllocOn's unlock not deferred: lstm, resnet50, tdnn and
+//     resnet50-infer from 42.0, 48.3, 39.1 and 40.6 to 41.2, 48.1, 38.6
+//     and 39.7 (medians of six, 2026-12-03); a deferred unlock on the
+//     free path cost 2–3%;
+//   - both cases written out where they are now, in place of AllocOn →
+//     allocOn → lockedAlloc → allocFast and FreeSizedOn → freeLocked →
+//     afterLockedFree: 3.5%, 0.1% and 2.6% fewer instructions over 50
+//     warm replays of lstm, resnet50 and tdnn (Valgrind's callgrind);
+//     with the block's state in the index's tag as well (state), 55.6,
+//     54.4 and 48.9 ns against 57.7, 55.2 and 51.5 (medians of ten runs'
+//     medians per replay alternating with the code before, 2026-12-07).
 func (p *Pool) freeOn(ptr uintptr, size uint64, s device.Stream) error {
 	if c := p.cache; c != nil {
 		if size != 0 {
