@@ -6,8 +6,9 @@
 #     bin/tlsf-stress (go build ./cmd/tlsf-stress), bin/cuda.test,
 #     bin/pool.test, bin/bench.test (go test -c ./device/cuda, ./pool,
 #     ./bench) at the code to measure; bin/tlsf-stress-old and
-#     bin/bench-old.test at 9803132; bin/bench-flat.test at 6f77774 with
-#     the state back in p.meta (optional: the script skips it if absent);
+#     bin/bench-old.test at 9803132; optionally bin/bench-flat.test,
+#     6f77774's fast paths with the state still in p.meta (no commit has
+#     that code; the script skips it if absent);
 #   make capi (bin/libtlsf.so, bin/tlsf-example).
 # Then, from the repository root there: bash bench/replay-dev/2026-12-07/gpu-ab.sh
 # It writes $OUT/res.tgz and prints a summary.
