@@ -17,10 +17,10 @@ set -u
 r=res; mkdir -p $r
 s=$(date +%s)
 t() { echo "$1 rc $2 $(( $(date +%s)-s )) s" >> $r/times.txt; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $r/gpu.txt 2>&1; nproc >> $r/gpu.txt; lscpu | grep "Model name" >> $r/gpu.txt; cat bin/VERSION >> $r/gpu.txt
-TLSF_REQUIRE_GPU=1 ./bin/pool.test -test.count=1 -test.run 'GPU' > $r/pool-gpu-test.txt 2>&1; t pool-gpu $?
-TLSF_REQUIRE_GPU=1 ./bin/cuda.test -test.count=1 > $r/cuda-test.txt 2>&1; t cuda $?
-LD_LIBRARY_PATH=bin ./bin/tlsf-example > $r/capi-example.txt 2>&1; t example $?
+# The GPU's name, the device and pool GPU tests and the C example: the
+# project's GPU script (scripts/gpu-run.sh), into $r.
+OUT=$r STAGES="tests capi" scripts/gpu-run.sh > $r/gpu-run.txt 2>&1; t gpu-run $?
+lscpu | grep "Model name" >> $r/gpu.txt; cat bin/VERSION >> $r/gpu.txt
 T="lstm resnet50 tdnn bench/traces/bert.trace.gz bench/traces/deeplab.trace.gz bench/traces/llama-bf16.trace.gz bench/traces/mobilenet.trace.gz bench/traces/resnet50-infer.trace.gz bench/traces/vit.trace.gz"
 for i in 1 2; do
   taskset -c 3 ./bin/tlsf-stress replay --device cuda --backend tlsf-vmm --json $T > $r/replay-new-c3-$i.json 2> $r/replay-new-c3-$i.err; t replay-new-$i $?
@@ -35,7 +35,7 @@ for i in 1 2 3 4 5 6 7 8 9 10; do
 done
 t bench $?
 tar czf $OUT/res.tgz $r
-cat $r/times.txt; tail -n 2 $r/pool-gpu-test.txt $r/cuda-test.txt $r/capi-example.txt
+cat $r/times.txt $r/summary.txt
 for f in $r/replay-*.json; do echo "== $f"; python3 -c '
 import sys,json
 for l in open(sys.argv[1]):
