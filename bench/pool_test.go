@@ -67,7 +67,7 @@ func BenchmarkPoolReplay(b *testing.B) {
 					o := cfg.opts
 					o.MaxBytes = cap
 					p := newSimPool(b, o)
-					res, err := ct.Run(replay.Pool{P: p})
+					res, err := ct.Run(&replay.Pool{P: p})
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -86,7 +86,7 @@ func BenchmarkPoolReplay(b *testing.B) {
 				}
 
 				p := newSimPool(b, cfg.opts)
-				a := replay.Pool{P: p}
+				a := &replay.Pool{P: p}
 				replayOnce(b, ct, a) // cold
 				warmUp(b, ct, a)
 				before := p.Stats().DeviceCalls

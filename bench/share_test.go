@@ -50,7 +50,7 @@ func BenchmarkDeclaredShareMinCap(b *testing.B) {
 							return false, err
 						}
 						defer p.Close()
-						r, err := ct.Run(replay.Pool{P: p})
+						r, err := ct.Run(&replay.Pool{P: p})
 						return err == nil && r.Failed == 0, err
 					})
 					if err != nil {

@@ -112,7 +112,7 @@ func (p *Pool) freeUnchecked(ptr uintptr, s device.Stream) error {
 	if p.hist != nil {
 		return p.freeRecorded(ptr, s)
 	}
-	return p.freeOn(ptr, 0, s)
+	return p.freeOn(ptr, 0, s, false)
 }
 
 // alloc is AllocOn through the layer: size+guard bytes from the pool, the

@@ -192,7 +192,7 @@ func (p *Pool) freeRecorded(ptr uintptr, s device.Stream) error {
 		}
 	}
 	h.mu.Unlock()
-	err := p.freeOn(ptr, 0, s)
+	err := p.freeOn(ptr, 0, s, false)
 	switch {
 	case err != nil && known:
 		h.mu.Lock()
