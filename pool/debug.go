@@ -5,10 +5,11 @@ package pool
 //
 // It exists only when Options.Guard is set or a memory checker is
 // attached (compute-sanitizer sets NVTX_INJECTION64_PATH); otherwise
-// Pool.dbg is nil, and AllocOn and FreeOn each pay one nil test, a branch
-// that always goes the same way and that the CPU predicts. Each hook has
-// one call site: the first line of AllocOn, of FreeOn, and one each in
-// AllocPitch, Stats, Check and Close.
+// Pool.dbg is nil, and AllocOn and a caller's free (FreeOn, FreeSizedOn:
+// freeOn with outer) each pay one nil test, a branch that always goes the
+// same way and that the CPU predicts. Each hook has one call site: the
+// first line of AllocOn, freeLayered (where freeOn's first test sends a
+// caller's free), and one each in AllocPitch, Stats, Check and Close.
 //
 // The layer calls the same fast path the public methods run
 // (allocUnchecked and freeUnchecked: allocOn and freeOn, through the

@@ -17,8 +17,8 @@ package pool
 // every live allocation made while recording, so that snapshots can give
 // them for each block even after the ring wrapped.
 //
-// The hook is one branch at the top of AllocOn and FreeOn on a field
-// that is nil when history is off.
+// The hook is one branch at the top of AllocOn and of freeOn (a caller's
+// free: FreeOn, FreeSizedOn) on a field that is nil when history is off.
 
 import (
 	"errors"

@@ -296,7 +296,7 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 	sd, _ := dev.(*sim.Device)
 	ct := replay.Compile(t)
 	var simT0, simT1 time.Duration
-	err = withAllocator(dev, t, be, allocOptions{base: ds.pool, capBytes: capBytes}, func(a replayAllocator) error {
+	err = withAllocator(dev, t, be, allocOptions{base: ds.pool, capBytes: capBytes}, func(a *replayAllocator) error {
 		every := 0
 		if o.plot != "" {
 			every = max(1, len(t.Ops)/plotPoints)
@@ -379,7 +379,7 @@ func findMinCap(ds *devices, t *trace.Trace, be string, r *replayResult) error {
 		dev, release := ds.get()
 		defer release()
 		ok := false
-		err := withAllocator(dev, t, be, allocOptions{base: ds.pool, capBytes: capBytes}, func(a replayAllocator) error {
+		err := withAllocator(dev, t, be, allocOptions{base: ds.pool, capBytes: capBytes}, func(a *replayAllocator) error {
 			res, _, err := replayTrace(ct, a, 0)
 			if err != nil {
 				return err
@@ -402,20 +402,21 @@ func findMinCap(ds *devices, t *trace.Trace, be string, r *replayResult) error {
 
 // replayAllocator adapts an allocator to replay.Allocator, mapping the
 // trace's streams to device streams (trace stream 0 is the default
-// stream).
+// stream). Pointer receivers, as replay.Pool's: no compiler-made
+// wrapper copies it on each call through replay.Allocator.
 type replayAllocator struct {
 	allocator
 	streams map[uint64]device.Stream
 }
 
-func (a replayAllocator) Alloc(size, stream uint64) (uintptr, error) {
+func (a *replayAllocator) Alloc(size, stream uint64) (uintptr, error) {
 	if stream == 0 {
 		return a.AllocOn(size, 0)
 	}
 	return a.AllocOn(size, a.streams[stream])
 }
 
-func (a replayAllocator) Free(ptr uintptr, size, stream uint64) error {
+func (a *replayAllocator) Free(ptr uintptr, size, stream uint64) error {
 	if stream == 0 {
 		return a.FreeSizedOn(ptr, size, 0)
 	}
@@ -424,7 +425,7 @@ func (a replayAllocator) Free(ptr uintptr, size, stream uint64) error {
 
 // withAllocator makes backend be on dev with a device stream for each
 // non-zero stream of t, runs f, and closes the allocator and the streams.
-func withAllocator(dev device.Device, t *trace.Trace, be string, o allocOptions, f func(replayAllocator) error) error {
+func withAllocator(dev device.Device, t *trace.Trace, be string, o allocOptions, f func(*replayAllocator) error) error {
 	streams := map[uint64]device.Stream{}
 	defer func() {
 		for _, s := range streams {
@@ -444,7 +445,7 @@ func withAllocator(dev device.Device, t *trace.Trace, be string, o allocOptions,
 	if err != nil {
 		return err
 	}
-	err = f(replayAllocator{a, streams})
+	err = f(&replayAllocator{a, streams})
 	return errors.Join(err, a.close())
 }
 
@@ -452,7 +453,7 @@ func withAllocator(dev device.Device, t *trace.Trace, be string, o allocOptions,
 // returns the result, whose Left a warm replay on the same allocator must
 // free first, and, every every ops (0: never), a sample of live and
 // reserved bytes.
-func replayTrace(t *replay.Compiled, a replayAllocator, every int) (replay.Result, []sample, error) {
+func replayTrace(t *replay.Compiled, a *replayAllocator, every int) (replay.Result, []sample, error) {
 	if every == 0 {
 		res, err := t.Run(a)
 		return res, nil, err
