@@ -86,6 +86,7 @@ func (p *Pool) RecordStream(ptr uintptr, s device.Stream) error {
 func (ss *streamSet) recordUse(addr uint64, s device.Stream) {
 	if !slices.Contains(ss.uses[addr], s) {
 		ss.uses[addr] = append(ss.uses[addr], s)
+		ss.onChange()
 	}
 }
 
@@ -100,6 +101,7 @@ func (p *Pool) holdForUses(b tlsf.Block, s device.Stream) (bool, error) {
 	}
 	if len(uses) == 1 && uses[0] == s {
 		delete(p.ss.uses, b.Addr)
+		p.ss.onChange()
 		return false, nil
 	}
 	if !slices.Contains(uses, s) {
@@ -110,6 +112,7 @@ func (p *Pool) holdForUses(b tlsf.Block, s device.Stream) (bool, error) {
 		return false, err
 	}
 	delete(p.ss.uses, b.Addr)
+	p.ss.onChange()
 	p.ss.held = append(p.ss.held, heldBlock{addr: b.Addr, evs: evs})
 	p.setState(b, statePending)
 	p.c.active += b.Size

@@ -168,8 +168,8 @@ func (p *Pool) statsLocked() Stats {
 // Check verifies the pool's invariants and returns the first broken one:
 // the index's own (tlsf.Index.Check); every allocated block of the index
 // is live, pending or cached in exactly one place; the statistics equal
-// what a walk finds; reserved memory covers the index's blocks in use. It
-// takes the lock and walks every block: meant for tests.
+// what a walk finds; reserved memory covers the index's blocks in use; the
+// fast paths' gate matches the pool's state (Pool.gate). It takes the lock and walks every block: meant for tests.
 func (p *Pool) Check() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -177,6 +177,9 @@ func (p *Pool) Check() error {
 		return ErrClosed
 	}
 	if err := p.checkPaths(); err != nil {
+		return err
+	}
+	if err := p.checkGate(); err != nil {
 		return err
 	}
 	if p.dbg != nil {

@@ -72,10 +72,12 @@ type streamSet struct {
 	spare         []device.Event
 	seq           uint64
 	frees         int // multi-stream frees since the last poll
+	// onChange runs after first, multi or uses changed (Pool.updateGate).
+	onChange func()
 }
 
 func newStreamSet(dev *counted) *streamSet {
-	return &streamSet{dev: dev, all: map[device.Stream]*streamState{}, uses: map[uint64][]device.Stream{}}
+	return &streamSet{dev: dev, all: map[device.Stream]*streamState{}, uses: map[uint64][]device.Stream{}, onChange: func() {}}
 }
 
 // use returns stream s's state, registering s on first sight (and
@@ -94,6 +96,7 @@ func (ss *streamSet) use(s device.Stream) (*streamState, error) {
 	if ss.first == nil {
 		ss.first = st
 		ss.all[s] = st
+		ss.onChange()
 		return st, nil
 	}
 	if !ss.multi && ss.first.dirty {
@@ -112,6 +115,7 @@ func (ss *streamSet) use(s device.Stream) (*streamState, error) {
 			delete(ss.all, ss.first.s)
 			ss.first = st
 			ss.all[s] = st
+			ss.onChange()
 			return st, nil
 		}
 		ss.switchEv, ss.switchPending = ev, true
@@ -133,6 +137,7 @@ func (ss *streamSet) use(s device.Stream) (*streamState, error) {
 		ss.first.bySize = map[uint64][]uint64{}
 	}
 	ss.all[s] = st
+	ss.onChange() // multi
 	return st, nil
 }
 
@@ -402,5 +407,6 @@ func (ss *streamSet) drop(st *streamState, reclaim func(addr uint64)) {
 	delete(ss.all, st.s)
 	if ss.first == st && !ss.multi {
 		ss.first = nil // no stream left: the next one starts single-stream mode again
+		ss.onChange()
 	}
 }

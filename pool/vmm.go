@@ -96,7 +96,7 @@ type vmmHeap struct {
 	// so a call over m mappings is m calls' work (Pool.driverWork).
 	unmapWork uint64
 	nMapped   uint64 // pages mapped
-	holes     uint64 // unmapped pages below end
+	holes     uint64 // unmapped pages below end; onChange runs after it changed
 	// standby pages, [end, end + standby pages), are mapped above the
 	// index's region after the heap started over (startOver): reserved,
 	// not in the index, taken back by the next growths (extend) with no
@@ -115,6 +115,8 @@ type vmmHeap struct {
 	// the heap next maps, releases or closes.
 	stray  []bool // by page
 	nStray uint64
+	// onChange runs after holes changed (Pool.updateGate).
+	onChange func()
 	// spares are physical allocations unmapped to move them (recycle,
 	// release with keep) and kept for the next mapping, by size: moving a
 	// handle costs cuMemUnmap and cuMemMap instead of also cuMemRelease
@@ -184,10 +186,11 @@ func newVMMHeap(dev *counted, x *tlsf.Index, vsize, total uint64) (*vmmHeap, err
 	pages := vsize / gran
 	return &vmmHeap{
 		dev: dev, x: x, gran: gran, base: uint64(base), vsize: vsize, end: uint64(base),
-		handles: make([]device.MemHandle, pages),
-		start:   make([]uint32, pages),
-		mapped:  make([]bool, pages),
-		stray:   make([]bool, pages),
+		handles:  make([]device.MemHandle, pages),
+		start:    make([]uint32, pages),
+		mapped:   make([]bool, pages),
+		stray:    make([]bool, pages),
+		onChange: func() {},
 	}, nil
 }
 
@@ -737,9 +740,11 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 					h.holes += r[1]
 				} // else the run stays mapped: backed, no longer holes
 			}
+			h.onChange()
 			return err
 		}
 		h.holes -= q - p
+		h.onChange()
 		mappedNow = append(mappedNow, hole)
 	}
 	return nil
@@ -814,6 +819,7 @@ func (h *vmmHeap) unmapFree(free []mappingRun, done, limit uint64, keep, net boo
 			return counted, err
 		}
 		h.holes += n
+		h.onChange()
 		if net {
 			n -= h.orphanPages() - orphans
 		}
