@@ -11,6 +11,7 @@
 #     that code; the script skips it if absent);
 #   make capi (bin/libtlsf.so, bin/tlsf-example).
 # Then, from the repository root there: bash bench/replay-dev/2026-12-07/gpu-ab.sh
+# (LIMIT=seconds ends the alternating benchmark rounds sooner; default 470).
 # It writes $OUT/res.tgz and prints a summary.
 # The GPU machine: GPU tests, C example, nine-trace replays of this change (new) and the commit before it (old), alternating, pinned; the pool beside the index (BenchmarkPoolReplay against BenchmarkReplay) for old, flat (the fast paths written out, state in p.meta) and new (state in the index's tag), alternating.
 set -u
@@ -31,7 +32,7 @@ for i in 1 2 3 4 5 6 7 8 9 10; do
   (cd bench && taskset -c 3 ../bin/bench-old.test -test.run '^$' -test.bench 'BenchmarkPoolReplay/(lstm|resnet50|tdnn)/vmm$' -test.count 1) >> $r/bench-old.txt 2>&1
   [ -x bin/bench-flat.test ] && (cd bench && taskset -c 3 ../bin/bench-flat.test -test.run '^$' -test.bench 'BenchmarkPoolReplay/(lstm|resnet50|tdnn)/vmm$' -test.count 1) >> $r/bench-flat.txt 2>&1
   (cd bench && taskset -c 3 ../bin/bench.test -test.run '^$' -test.bench 'BenchmarkPoolReplay/(lstm|resnet50|tdnn)/vmm$' -test.count 1) >> $r/bench-new.txt 2>&1
-  [ $(( $(date +%s)-s )) -gt 470 ] && break
+  [ $(( $(date +%s)-s )) -gt ${LIMIT:-470} ] && break
 done
 t bench $?
 tar czf $OUT/res.tgz $r
