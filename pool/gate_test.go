@@ -29,7 +29,10 @@ func TestFastPathGate(t *testing.T) {
 		require.Equal(t, want, now())
 		checkStep(t, p, r.d)
 	}
-	open := gate{p.fastMax, true, uintptr(r.a)}
+	p.mu.Lock()
+	fastMax := p.fastMax
+	p.mu.Unlock()
+	open := gate{fastMax, true, uintptr(r.a)}
 	step(gate{}) // no stream yet
 
 	x, err := p.AllocOn(streamBlock, r.a)
@@ -37,7 +40,7 @@ func TestFastPathGate(t *testing.T) {
 	step(open)
 
 	require.NoError(t, p.RecordStream(x, r.b))
-	step(gate{p.fastMax, false, uintptr(r.a)}) // its free takes freeBlock
+	step(gate{fastMax, false, uintptr(r.a)}) // its free takes freeBlock
 	require.NoError(t, p.FreeOn(x, r.a))
 	step(open) // held until b's event; no use left
 
@@ -71,4 +74,32 @@ func TestFastPathGate(t *testing.T) {
 
 	require.NoError(t, p.Close())
 	require.Equal(t, gate{}, now())
+}
+
+// TestFastPathGateChunks: a chunks pool has no released pages below an
+// end; its gate follows the stream set alone.
+func TestFastPathGateChunks(t *testing.T) {
+	r := newStreamRig(t, BackendChunks, Options{})
+	p := r.p
+	gate := func() (uint64, bool, uintptr) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.allocGate, p.freeGate, uintptr(p.gateStream)
+	}
+	x, err := p.AllocOn(streamBlock, r.a)
+	require.NoError(t, err)
+	a, f, s := gate()
+	require.NotZero(t, a)
+	require.True(t, f)
+	require.Equal(t, uintptr(r.a), s)
+	checkStep(t, p, r.d)
+	y, err := p.AllocOn(streamBlock, r.b)
+	require.NoError(t, err)
+	a, f, s = gate()
+	require.Zero(t, a)
+	require.False(t, f)
+	require.Zero(t, s)
+	require.NoError(t, p.FreeOn(x, r.a))
+	require.NoError(t, p.FreeOn(y, r.b))
+	checkStep(t, p, r.d)
 }

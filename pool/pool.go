@@ -78,12 +78,14 @@ type Pool struct {
 	fastMax uint64
 	// The fast paths' gate (gate, updateGate): AllocOn's written-out case
 	// serves requests of 1 to allocGate bytes on stream gateStream, and
-	// freeOn's the frees on gateStream while freeGate. One compare each
-	// in place of five or six: calling updateGate wherever an input
-	// changes (the stream set's first stream and mode, RecordStream's
-	// uses, the VMM heap's released pages, fastMax) took 2.3% off the
-	// instructions of 50 warm replays of lstm (callgrind). Check verifies
-	// it: a gate left open would map a block onto a released page.
+	// freeOn's the frees on gateStream while freeGate. A size bound (or a
+	// flag) and a stream in place of five or six tests, updateGate called
+	// wherever an input changes (the stream set's first stream and mode,
+	// RecordStream's uses, the VMM heap's released pages, Close's fastMax;
+	// New's fastMax precedes any stream, the gate still closed): 2.5% off
+	// the instructions of 50 warm replays of lstm (callgrind). Check
+	// verifies it: a gate left open would map a block onto a released
+	// page.
 	allocGate  uint64
 	freeGate   bool
 	gateStream device.Stream
@@ -323,8 +325,9 @@ func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 	// single-stream pool on its stream, placed as place places it (best
 	// fit, or good fit with Options.GoodFit), in a heap with no released
 	// pages (no hole can lie under the block), that the index serves
-	// without growing; the gate (Pool.gate) tells all but the last in
-	// one compare each. Everything else goes to lockedSlow, the pool
+	// without growing; the gate (Pool.gate) tells the stream, mode and
+	// released pages in a size compare and a stream compare. Everything
+	// else goes to lockedSlow, the pool
 	// unchanged here, whose allocLocked serves it. Each call saved counts:
 	// freeOn's comment gives the figures.
 	p.mu.Lock()
@@ -1673,13 +1676,14 @@ func (p *Pool) FreeSizedOn(ptr uintptr, size uint64, s device.Stream) error {
 // meets the stateCached case (freeBlock), as one freed on another P does.
 //
 // The common locked case, a live block of a single-stream pool freed on
-// its stream (the gate, Pool.gate, tells which), is written out here: one probe of the index's address
-// table (Detach, FreeDetached), afterLockedFree inlined, the unlock not
-// deferred (nothing here runs a caller's code but a start-over's log
-// event, whose Options.Logger handler must neither call the pool nor
-// panic). Every other case goes to freeRare or freeBlock. The size
-// branch above cost warm replays 1% once, against a FreeSizedOn of its
-// own that called freeLocked; the figures below include it.
+// its stream (the gate, Pool.gate, tells which), is written out here: one
+// probe of the index's address table (Detach, FreeDetached),
+// afterLockedFree inlined, the unlock not deferred (nothing here runs a
+// caller's code but a start-over's log event, whose Options.Logger
+// handler must neither call the pool nor panic). Every other case goes to
+// freeRare or freeBlock. The size branch above cost warm replays 1% once,
+// against a FreeSizedOn of its own that called freeLocked; the figures
+// below include it.
 //
 // Each call saved counts, on the alloc path as here. Warm replays on the
 // simulated H200 (BenchmarkPoolReplay, pinned to one core of the 2-core

@@ -169,7 +169,8 @@ func (p *Pool) statsLocked() Stats {
 // the index's own (tlsf.Index.Check); every allocated block of the index
 // is live, pending or cached in exactly one place; the statistics equal
 // what a walk finds; reserved memory covers the index's blocks in use; the
-// fast paths' gate matches the pool's state (Pool.gate). It takes the lock and walks every block: meant for tests.
+// fast paths' gate matches the pool's state (Pool.gate). It takes the
+// lock and walks every block: meant for tests.
 func (p *Pool) Check() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
