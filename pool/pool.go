@@ -327,9 +327,9 @@ func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 	// pages (no hole can lie under the block), that the index serves
 	// without growing; the gate (Pool.gate) tells the stream, mode and
 	// released pages in a size compare and a stream compare. Everything
-	// else goes to lockedSlow, the pool
-	// unchanged here, whose allocLocked serves it. Each call saved counts:
-	// freeOn's comment gives the figures.
+	// else goes to lockedSlow, the pool unchanged here, whose
+	// allocLocked serves it. Each call saved counts: freeOn's comment
+	// gives the figures.
 	p.mu.Lock()
 	if size-1 >= p.allocGate || s != p.gateStream {
 		return p.lockedSlow(size, s, false)
@@ -1666,14 +1666,15 @@ func (p *Pool) FreeSizedOn(ptr uintptr, size uint64, s device.Stream) error {
 // outer, a caller's free: a null pointer, and every free of a pool with
 // the debug layer or history, go to freeLayered; those layers call it
 // back without outer. FreeOn and FreeSizedOn are then one call each,
-// which the compiler inlines into their callers: before, FreeSizedOn
-// made the checks and called freeOn, about 2 instructions more per free
-// (the call's 6, less the outer test's; callgrind, 50 warm replays of
-// lstm: 90.30M instructions before, 90.12M after). With a size, the caches' size filter
-// (cacheSet.serves) tells at once whether a per-P cache may hold the
-// block; without one, their filter of small granules (maybeCached) does.
-// A block a wrong hint sent to the lock is still found: a cached block
-// meets the stateCached case (freeBlock), as one freed on another P does.
+// which the compiler inlines into their callers: before, FreeSizedOn made
+// the checks and called freeOn, about 2 instructions more per free (the
+// call's 6, less the outer test's; callgrind, 50 warm replays of lstm:
+// 90.30M instructions before, 90.12M after). With a size, the caches'
+// size filter (cacheSet.serves) tells at once whether a per-P cache may
+// hold the block; without one, their filter of small granules
+// (maybeCached) does. A block a wrong hint sent to the lock is still
+// found: a cached block meets the stateCached case (freeBlock), as one
+// freed on another P does.
 //
 // The common locked case, a live block of a single-stream pool freed on
 // its stream (the gate, Pool.gate, tells which), is written out here: one
