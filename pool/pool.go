@@ -72,9 +72,9 @@ type Pool struct {
 	lockedFree int // frees under the lock since the last policy check
 	// fastMax: requests of 1 to fastMax bytes need no size check beyond
 	// the index's (they round up to less than the heap's virtual range);
-	// 0 for a passthrough pool and once the pool is closed, so that the
-	// fast paths need not look at pt and closed: every request then takes
-	// allocOdd, every free freeRare.
+	// 0 for a passthrough pool and once the pool is closed, so that
+	// neither the gate (gate) nor allocLocked need look at pt and closed:
+	// every request then takes allocOdd, every free freeRare.
 	fastMax uint64
 	// The fast paths' gate (gate, updateGate): AllocOn's written-out case
 	// serves requests of 1 to allocGate bytes on stream gateStream, and
