@@ -28,8 +28,10 @@ func newSimPool(tb testing.TB, o pool.Options) *pool.Pool {
 // the simulated H200, caches on, for each pooled backend with default
 // options, for VMM with ReleaseFraction 0.03 ("vmm-rf0.03", the
 // memory-tight policy), for VMM with GoodFit and its caches for blocks of
-// 1 MiB and less ("vmm-goodfit-c1m", the default before best fit) and for
-// VMM with Wilderness ("vmm-wilderness"). Metrics:
+// 1 MiB and less ("vmm-goodfit-c1m", the default before best fit), for
+// VMM with Wilderness ("vmm-wilderness") and for VMM with its per-P
+// caches off ("vmm-nocache": every request takes the lock and best fit,
+// what the caches save a single goroutine). Metrics:
 //   - reserved/live: peak reserved over peak live bytes, no cap, cold;
 //   - warm-reserved/live: the same over the cold replay, the warm-up and
 //     the warm ones after it on the timed pool: the figure the peers
@@ -60,6 +62,7 @@ func BenchmarkPoolReplay(b *testing.B) {
 			{"vmm-rf0.03", pool.Options{Backend: pool.BackendVMM, ReleaseFraction: 0.03}},
 			{"vmm-goodfit-c1m", pool.Options{Backend: pool.BackendVMM, GoodFit: true}},
 			{"vmm-wilderness", pool.Options{Backend: pool.BackendVMM, Wilderness: true}},
+			{"vmm-nocache", pool.Options{Backend: pool.BackendVMM, Cache: pool.CacheOptions{Disable: true}}},
 			{"chunks", pool.Options{Backend: pool.BackendChunks}},
 		} {
 			b.Run(name+"/"+cfg.name, func(b *testing.B) {
