@@ -25,13 +25,14 @@ func newSimPool(tb testing.TB, o pool.Options) *pool.Pool {
 
 // BenchmarkPoolReplay replays each shared trace, and those of
 // bench/traces (recorded after the policy was tuned), through a pool on
-// the simulated H200, caches on, for each pooled backend with default
-// options, for VMM with ReleaseFraction 0.03 ("vmm-rf0.03", the
-// memory-tight policy), for VMM with GoodFit and its caches for blocks of
-// 1 MiB and less ("vmm-goodfit-c1m", the default before best fit), for
-// VMM with Wilderness ("vmm-wilderness") and for VMM with its per-P
-// caches off ("vmm-nocache": every request takes the lock and best fit,
-// what the caches save a single goroutine). Metrics:
+// the simulated H200, for each pooled backend with default options (one
+// goroutine: the caches stay off), for VMM with ReleaseFraction 0.03
+// ("vmm-rf0.03", the memory-tight policy), for VMM with GoodFit and its
+// caches for blocks of 1 MiB and less ("vmm-goodfit-c1m", the default
+// before best fit), for VMM with Wilderness ("vmm-wilderness") and for
+// VMM with its per-P caches on from the start ("vmm-caches",
+// CacheOptions.Eager: what they save a single goroutine, and cost in
+// reserved memory). Metrics:
 //   - reserved/live: peak reserved over peak live bytes, no cap, cold;
 //   - warm-reserved/live: the same over the cold replay, the warm-up and
 //     the warm ones after it on the timed pool: the figure the peers
@@ -60,9 +61,9 @@ func BenchmarkPoolReplay(b *testing.B) {
 		}{
 			{"vmm", pool.Options{Backend: pool.BackendVMM}},
 			{"vmm-rf0.03", pool.Options{Backend: pool.BackendVMM, ReleaseFraction: 0.03}},
-			{"vmm-goodfit-c1m", pool.Options{Backend: pool.BackendVMM, GoodFit: true}},
+			{"vmm-goodfit-c1m", pool.Options{Backend: pool.BackendVMM, GoodFit: true, Cache: pool.CacheOptions{Eager: true}}},
 			{"vmm-wilderness", pool.Options{Backend: pool.BackendVMM, Wilderness: true}},
-			{"vmm-nocache", pool.Options{Backend: pool.BackendVMM, Cache: pool.CacheOptions{Disable: true}}},
+			{"vmm-caches", pool.Options{Backend: pool.BackendVMM, Cache: pool.CacheOptions{Eager: true}}},
 			{"chunks", pool.Options{Backend: pool.BackendChunks}},
 		} {
 			b.Run(name+"/"+cfg.name, func(b *testing.B) {
@@ -137,7 +138,7 @@ func BenchmarkSmallAllocFree(b *testing.B) {
 		off  bool
 	}{{"cached", false}, {"locked", true}} {
 		b.Run(mode.name, func(b *testing.B) {
-			p := newSimPool(b, pool.Options{Cache: pool.CacheOptions{Disable: mode.off}})
+			p := newSimPool(b, pool.Options{Cache: pool.CacheOptions{Disable: mode.off, Eager: !mode.off}})
 			for b.Loop() {
 				ptr, err := p.Alloc(4096)
 				if err != nil {
@@ -169,7 +170,7 @@ func BenchmarkSmallParallel(b *testing.B) {
 		}{{"cached", false}, {"locked", true}} {
 			b.Run(fmt.Sprintf("goroutines=%d/%s", g, mode.name), func(b *testing.B) {
 				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(g))
-				p := newSimPool(b, pool.Options{Cache: pool.CacheOptions{Disable: mode.off}})
+				p := newSimPool(b, pool.Options{Cache: pool.CacheOptions{Disable: mode.off, Eager: !mode.off}})
 				b.SetParallelism(1)
 				b.RunParallel(func(pb *testing.PB) {
 					w := &worker{}

@@ -403,7 +403,14 @@ func TestDestroyedStreamsThroughTheABI(t *testing.T) {
 	require.Empty(t, lastError())
 	s, _, _ := callGetStats(dev, statsSize, false)
 	require.Zero(t, s.Allocated)
-	require.Equal(t, s.Cached, s.Active, "nothing awaits a stream: active is what the caches hold")
+	// Active is what the caches hold and, with them off (one thread never
+	// contends for the pool's lock), the last block, freed on the default
+	// stream of a pool that has used others: it waits for its event.
+	require.LessOrEqual(t, s.Active, s.Cached+4096)
+	callTrim(dev)
+	require.Empty(t, lastError())
+	s, _, _ = callGetStats(dev, statsSize, false)
+	require.Zero(t, s.Active, "nothing awaits a stream after a trim")
 }
 
 // BenchmarkMallocFree is a tlsf_malloc + tlsf_free pair of 4 KiB from one

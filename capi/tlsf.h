@@ -205,7 +205,9 @@ void tlsf_record_stream(void* ptr, void* stream);
  * max_fraction (of the device's total memory, less what the share
  * leaves for the process's context: pool.Options.MaxFraction),
  * release_fraction, free_floor_fraction (fractions in [0, 1]; 0 is the
- * default), max_bytes (bytes; 0: no cap), caches (true|false),
+ * default), max_bytes (bytes; 0: no cap), caches (auto|true|false:
+ * auto, the default, turns the per-thread caches on once threads contend
+ * for the pool's lock; true, from the start; false, never),
  * cache_max_size
  * (bytes: the largest request the caches serve, default 4KiB, 1MiB with
  * good_fit), good_fit (true|false: TLSF's O(1) good fit instead of the

@@ -131,6 +131,7 @@ func runPool(t testing.TB, in []byte) {
 		VirtualSize:       pick(r, 0, capacity/2, 2*capacity),
 		Cache: pool.CacheOptions{
 			Disable:     cacheOff,
+			Eager:       !cacheOff, // one goroutine never engages them otherwise
 			MaxSize:     pick(r, uint64(0), 4096, 256<<10),
 			MaxFraction: pick(r, 0, 0.01, 1),
 		},

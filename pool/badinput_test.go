@@ -542,6 +542,7 @@ func firstRefill(t *testing.T, be pool.Backend, capacity uint64, o pool.Options)
 	t.Helper()
 	sd := sim.New(sim.Config{Capacity: capacity, Seed: 1})
 	o.Backend = be
+	o.Cache.Eager = true // the caches from the first request
 	p, err := pool.New(sd, o)
 	if err != nil {
 		t.Fatalf("New(%+v): %v", o, err)

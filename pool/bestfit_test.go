@@ -18,7 +18,7 @@ func TestBestFitBlocksAreRoundedTo256Bytes(t *testing.T) {
 		for _, cm := range cacheModes {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
 				d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off}})
+				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
 				size := 5*miB + 1000 // a size class would round it to 5 MiB + 64 KiB
 				ptr, err := p.Alloc(size)
 				require.NoError(t, err)

@@ -202,9 +202,13 @@ func (pc *pcache) lockWait() {
 }
 
 type cacheSet struct {
-	p        *Pool
-	classes  tlsf.Classes // the index's size classes, a private copy
-	maxSize  uint64       // largest request served, bytes
+	p       *Pool
+	classes tlsf.Classes // the index's size classes, a private copy
+	maxSize uint64       // largest request served once engaged, bytes
+	// serving is the largest request served now, bytes: maxSize once the
+	// caches are engaged (engage), 0 before. Read by every call that may
+	// reach a cache (serves), written once under the pool's lock.
+	serving  atomic.Uint64
 	fraction float64
 	ps       []pcache
 	share    atomic.Uint64 // bytes a P's stacks may hold
@@ -317,7 +321,83 @@ func (c *cacheSet) maybeCached(ptr uintptr) bool {
 
 // serves reports whether a request of size bytes on stream s is a cache's.
 func (c *cacheSet) serves(size uint64, s uintptr) bool {
-	return s == 0 && size-1 < c.maxSize
+	return s == 0 && size-1 < c.serving.Load()
+}
+
+// engage turns the caches on: from now, requests of up to maxSize bytes
+// on the default stream go to them. Pool lock held (or New).
+func (c *cacheSet) engage() { c.serving.Store(c.maxSize) }
+
+// engaged reports whether the caches serve requests.
+func (c *cacheSet) engaged() bool { return c.serving.Load() != 0 }
+
+// exactClasses reports whether every request the caches would serve has
+// the same block size as a size class (as the caches give it) and as
+// placed by the pool (best fit rounds to 256 bytes; good fit to the size
+// class): then a block allocated before the caches engage and one
+// allocated after are alike, as Pool.blockSize counts them. With 64
+// second-level lists per power of two, classes are 256 bytes apart up to
+// 16 KiB; larger MaxSize with best fit engages the caches from the start.
+func exactClasses(x *tlsf.Index, maxSize uint64, goodFit bool) bool {
+	if goodFit {
+		return true
+	}
+	cl := x.Classes()
+	for r := uint64(indexGranularity); r <= roundUp(maxSize, indexGranularity); r += indexGranularity {
+		if _, got := cl.SizeClass(r); got != r {
+			return false
+		}
+	}
+	return true
+}
+
+// When the caches engage. Caches cost memory: a block freed into one
+// stays allocated in the index, so it does not merge with its free
+// neighbours, and its next use lands where it lay rather than where best
+// fit would put it. For one goroutine (a training loop, a C++ toolkit
+// allocating from one thread) they save only the uncontended lock: on
+// the development VM a single goroutine replayed resnet50 12% faster with
+// them and tdnn 4% (2026-12-07, BenchmarkPoolReplay's vmm-caches against
+// vmm, bench/replay-dev/2026-12-07c), while on the simulated H200 best
+// fit without them reserved 0.0066, 0.0085, 0.0009 and 0.0008 × peak
+// live less on deeplab, ResNet-50 inference, vit and bert (1.0335,
+// 1.1424, 1.0275, 1.0028), 0.0008 more on resnet50 (1.0203, PyTorch's
+// expandable segments' figure to the byte) and 0.0002 on mobilenet, the
+// rest the same: all nine traces at or below expandable segments. Where goroutines contend
+// for the pool's lock, the caches are what keeps small requests from
+// queueing on it. So by default (CacheOptions.Eager false) a pool starts
+// with its caches off and engages them, for good, once the lock is
+// contended: contentionEngage acquisitions on AllocOn's and FreeOn's
+// paths found it held within contentionWindow locked operations. A
+// background goroutine taking the lock now and then (the scavenger,
+// Stats every second) never reaches that; two goroutines allocating at
+// once reach it within microseconds.
+const (
+	contentionEngage = 8
+	contentionWindow = 4096
+)
+
+// lockContended takes the pool's lock after a TryLock found it held, and
+// counts the contention toward engaging the caches.
+func (p *Pool) lockContended() {
+	if testHookContended != nil {
+		testHookContended()
+	}
+	p.mu.Lock()
+	c := p.cache
+	if c == nil || c.engaged() {
+		return
+	}
+	ops := p.c.allocs + p.c.frees
+	if ops-p.contendedSince > contentionWindow {
+		p.contendedSince, p.contended = ops, 0
+	}
+	if p.contended++; p.contended >= contentionEngage {
+		c.engage()
+		if testHookEngaged != nil {
+			testHookEngaged()
+		}
+	}
 }
 
 // alloc pops a block of size's class from the current P's cache.
@@ -428,10 +508,16 @@ func (pc *pcache) lastOut(m uint32) bool {
 // Test hooks, nil outside tests: testHookScannedP runs in markBlocker
 // after P i's cache was scanned (its lock released); testHookLastFree in
 // cacheSet.free when a P's last handed-out block came back, before it
-// takes the pool's lock. Both paths are rare.
+// takes the pool's lock; testHookContended in lockContended before it
+// waits, and testHookEngaged when the caches engage. These paths are
+// rare.
 var (
 	testHookScannedP func(i int)
 	testHookLastFree func()
+	testHookEngaged  func()
+	// testHookContended runs in lockContended before it waits for the
+	// lock.
+	testHookContended func()
 )
 
 // refillLocked serves a request of size bytes that the current P's cache

@@ -44,7 +44,7 @@ func TestManyGoroutinesAllocateAndFreeEachOthersBlocks(t *testing.T) {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
 				sd := sim.New(sim.Config{Capacity: 4 * giB, Shadow: true})
 				d := onSim(sd)
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off}})
+				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
 
 				// Each worker hands some of its blocks to the next one,
 				// which checks their contents and frees them.
@@ -203,7 +203,7 @@ func TestCachesAreDrainedWhenMemoryRunsOut(t *testing.T) {
 				t.Run(name, func(t *testing.T) {
 					sd := sim.New(sim.Config{Capacity: giB})
 					d := onSim(sd)
-					p := openPool(t, d, Options{Backend: be, MaxBytes: 64 * miB, Cache: CacheOptions{Disable: cm.off}})
+					p := openPool(t, d, Options{Backend: be, MaxBytes: 64 * miB, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
 					// A block of the pool's own stays live, so that it does
 					// not start over (which drains the caches too) when the
 					// small blocks are all freed.
@@ -276,7 +276,7 @@ func TestCachedBytesAreCountedApart(t *testing.T) {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
 				sd := sim.New(sim.Config{Capacity: giB})
 				d := onSim(sd)
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off}})
+				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
 				var ptrs []uintptr
 				for range 100 {
 					ptr, err := p.Alloc(4 * kiB)
@@ -324,7 +324,7 @@ func TestCachesHoldAtMostTheirFractionOfReservedMemory(t *testing.T) {
 			d := onSim(sd)
 			// 256 MiB reserved up front, so that 1/16 of it is well above
 			// the least each P may cache.
-			p := openPool(t, d, Options{Backend: be, InitialFraction: 0.25, Cache: CacheOptions{MaxFraction: 1.0 / 16}})
+			p := openPool(t, d, Options{Backend: be, InitialFraction: 0.25, Cache: CacheOptions{Eager: true, MaxFraction: 1.0 / 16}})
 			// Live, so that the pool does not start over (and drain the
 			// caches) when the small blocks are all freed.
 			keep, err := p.Alloc(64 * kiB)
@@ -355,7 +355,7 @@ func TestACachedBlockFreedOnAnotherStreamLeavesItsCache(t *testing.T) {
 			sd := sim.New(sim.Config{Capacity: giB})
 			d := onSim(sd)
 			ss := newStreams(t, sd, 1)
-			p := openPool(t, d, Options{Backend: be})
+			p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Eager: true}})
 			x, err := p.Alloc(4 * kiB) // handed out by a cache
 			require.NoError(t, err)
 			y, err := p.Alloc(4 * kiB)
@@ -385,7 +385,7 @@ func TestCachesStayCorrectWhenGOMAXPROCSGrows(t *testing.T) {
 	defer runtime.GOMAXPROCS(old)
 	sd := sim.New(sim.Config{Capacity: giB})
 	d := onSim(sd)
-	p := openPool(t, d, Options{Backend: BackendVMM})
+	p := openPool(t, d, Options{Backend: BackendVMM, Cache: CacheOptions{Eager: true}})
 	runtime.GOMAXPROCS(8)
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
@@ -432,7 +432,7 @@ func TestCachesStayCorrectWhenGOMAXPROCSGrows(t *testing.T) {
 // blocks go with the heap, and no later call finds memory in a cache.
 func TestCloseWithAFailingDrainLeavesNothingCached(t *testing.T) {
 	sd := sim.New(sim.Config{Capacity: giB})
-	p, err := New(sd, Options{})
+	p, err := New(sd, Options{Cache: CacheOptions{Eager: true}})
 	require.NoError(t, err)
 	s, err := sd.StreamCreate()
 	require.NoError(t, err)
@@ -468,7 +468,7 @@ func TestAFreeOnAnotherPIsAdopted(t *testing.T) {
 	for name, free := range frees {
 		t.Run(name, func(t *testing.T) {
 			sd := sim.New(sim.Config{Capacity: giB})
-			p := openPool(t, onSim(sd), Options{})
+			p := openPool(t, onSim(sd), Options{Cache: CacheOptions{Eager: true}})
 			const n = 64
 			ptrs := make(chan uintptr, n)
 			go func() {
@@ -498,7 +498,7 @@ func TestAFreeOnAnotherPIsAdopted(t *testing.T) {
 // the P's table), and the filter of a very large range stays small.
 func TestTheSmallBlockFilterIsFinerThanAPage(t *testing.T) {
 	sd := sim.New(sim.Config{Capacity: giB})
-	p := openPool(t, onSim(sd), Options{Backend: BackendVMM, GrowFraction: 1e-12})
+	p := openPool(t, onSim(sd), Options{Backend: BackendVMM, GrowFraction: 1e-12, Cache: CacheOptions{Eager: true}})
 	c := p.cache
 	require.Equal(t, uint(smallGranuleLog2), c.smallShift)
 	small, err := p.Alloc(4 * kiB) // a refill: 16 blocks of 4 KiB, 64 KiB
@@ -514,7 +514,7 @@ func TestTheSmallBlockFilterIsFinerThanAPage(t *testing.T) {
 	checkStep(t, p, onSim(sd))
 
 	// 4 TiB of range: granules of 512 KiB, 2^23 bits.
-	q := openPool(t, onSim(sim.New(sim.Config{Capacity: giB})), Options{Backend: BackendVMM, VirtualSize: 1 << 42})
+	q := openPool(t, onSim(sim.New(sim.Config{Capacity: giB})), Options{Backend: BackendVMM, VirtualSize: 1 << 42, Cache: CacheOptions{Eager: true}})
 	require.Equal(t, uint(19), q.cache.smallShift)
 	require.Len(t, q.cache.small, 1<<smallFilterLog2/64)
 }

@@ -36,7 +36,7 @@ func TestIdleCachesDrainToTheCentralListsAndRefillOthers(t *testing.T) {
 	for _, be := range pooledBackends {
 		t.Run(be.String(), func(t *testing.T) {
 			d := onSim(sim.New(sim.Config{Capacity: giB}))
-			p := openPool(t, d, Options{Backend: be})
+			p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Eager: true}})
 			before := cachedSmall(t, p, d, 64, 4*kiB)
 			require.Positive(t, before.Cached)
 
@@ -73,7 +73,7 @@ func TestCentralBlocksGoBackBeforeTheHeapGrows(t *testing.T) {
 	d := onSim(sim.New(sim.Config{Capacity: giB}))
 	// 4 MiB up front; 2 MiB of small blocks end up cached, then on the
 	// central lists; a 3 MiB request fits only if they come back.
-	p := openPool(t, d, Options{Backend: BackendVMM, InitialFraction: 4.0 / 1024, Cache: CacheOptions{MaxSize: miB}})
+	p := openPool(t, d, Options{Backend: BackendVMM, InitialFraction: 4.0 / 1024, Cache: CacheOptions{Eager: true, MaxSize: miB}})
 	require.Equal(t, 4*miB, p.Stats().Reserved)
 	before := cachedSmall(t, p, d, 32, 64*kiB)
 	require.Positive(t, before.Cached)
@@ -93,7 +93,7 @@ func TestCentralBlocksGoBackBeforeTheHeapGrows(t *testing.T) {
 
 func TestFreeingABlockOnACentralListIsADoubleFree(t *testing.T) {
 	d := onSim(sim.New(sim.Config{Capacity: giB}))
-	p := openPool(t, d, Options{Backend: BackendVMM})
+	p := openPool(t, d, Options{Backend: BackendVMM, Cache: CacheOptions{Eager: true}})
 	ptr, err := p.Alloc(4 * kiB)
 	require.NoError(t, err)
 	require.NoError(t, p.Free(ptr))
@@ -166,7 +166,7 @@ func TestAnIdlePsCacheIsAdoptedInOrder(t *testing.T) {
 func cachedForTwoPs(t *testing.T) (*Pool, testDevice, Stats, int, uint64) {
 	t.Helper()
 	d := onSim(sim.New(sim.Config{Capacity: giB}))
-	p := openPool(t, d, Options{Backend: BackendVMM})
+	p := openPool(t, d, Options{Backend: BackendVMM, Cache: CacheOptions{Eager: true}})
 	if len(p.cache.ps) < 2 {
 		t.Skip("GOMAXPROCS 1: one cache")
 	}

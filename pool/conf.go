@@ -82,9 +82,16 @@ var confKeys = map[string]func(c *Conf, v string) error{
 	"free_floor_fraction": fraction(func(c *Conf) *float64 { return &c.Options.FreeFloorFraction }),
 	"max_bytes":           func(c *Conf, v string) (err error) { c.Options.MaxBytes, err = parseBytes(v); return err },
 	"caches": func(c *Conf, v string) error {
+		if v == "auto" {
+			c.Options.Cache.Disable, c.Options.Cache.Eager = false, false
+			return nil
+		}
 		on, err := parseBool(v)
-		c.Options.Cache.Disable = !on
-		return err
+		if err != nil {
+			return fmt.Errorf("want auto, true or false")
+		}
+		c.Options.Cache.Disable, c.Options.Cache.Eager = !on, on
+		return nil
 	},
 	"cache_max_size": func(c *Conf, v string) (err error) { c.Options.Cache.MaxSize, err = parseBytes(v); return err },
 	"good_fit":       func(c *Conf, v string) (err error) { c.Options.GoodFit, err = parseBool(v); return err },
@@ -114,7 +121,9 @@ var confKeys = map[string]func(c *Conf, v string) error{
 //	max_bytes            bytes (Options.MaxBytes; 0: no cap)
 //	release_fraction     fraction in [0, 1] (Options.ReleaseFraction)
 //	free_floor_fraction  fraction in [0, 1] (Options.FreeFloorFraction)
-//	caches               true | false (false sets Options.Cache.Disable)
+//	caches               auto | true | false (auto, the default: on once
+//	                     goroutines contend for the pool's lock; true sets
+//	                     Options.Cache.Eager; false Options.Cache.Disable)
 //	cache_max_size       bytes (Options.Cache.MaxSize; 0: the default)
 //	good_fit             true | false (Options.GoodFit)
 //	wilderness           true | false (Options.Wilderness)

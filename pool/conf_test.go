@@ -41,9 +41,24 @@ func TestParseConfDefaults(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, Conf{Device: ConfDeviceCUDA}, c, "%q", s)
 	}
-	c, err := ParseConf("caches:true,passthrough:true,backend:auto")
+	c, err := ParseConf("caches:auto,passthrough:true,backend:auto")
 	require.NoError(t, err)
 	require.Equal(t, Conf{Device: ConfDeviceCUDA, Options: Options{Passthrough: true}}, c)
+}
+
+func TestParseConfCaches(t *testing.T) {
+	for in, want := range map[string]CacheOptions{
+		"caches:auto":  {},
+		"caches:true":  {Eager: true},
+		"caches:false": {Disable: true},
+	} {
+		c, err := ParseConf(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, c.Options.Cache, in)
+	}
+	_, err := ParseConf("caches:on")
+	require.ErrorIs(t, err, ErrBadOptions)
+	require.ErrorContains(t, err, "want auto, true or false")
 }
 
 func TestParseConfByteUnits(t *testing.T) {

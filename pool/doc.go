@@ -9,7 +9,10 @@
 // first tier that can serve it:
 //
 //  1. the current P's cache (cache.go): small blocks (4 KiB and below by
-//     default) on the default stream, without the pool's lock; an empty
+//     default) on the default stream, without the pool's lock, once
+//     goroutines contend for that lock (CacheOptions.Eager: from the
+//     start; one goroutine's blocks go to the index, where they merge with
+//     their free neighbours at once); an empty
 //     cache refills from central per-class lists of blocks other Ps shed
 //     (mcentral) before the index, the caches of Ps that stopped
 //     allocating are adopted by the current P, and the central lists go

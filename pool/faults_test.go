@@ -268,7 +268,7 @@ func newCampaign(t *testing.T, be pool.Backend, cacheOff bool, seed uint64, tune
 		Backend:         be,
 		GrowFraction:    1.0 / 64, // 4 MiB growths: many of them
 		ReleaseFraction: 0.05,     // and releases
-		Cache:           pool.CacheOptions{Disable: cacheOff},
+		Cache:           pool.CacheOptions{Disable: cacheOff, Eager: !cacheOff},
 	}
 	if tune != nil {
 		tune(&o)

@@ -29,6 +29,7 @@ func TestHopelessRequestsFailAtOnceAndReleaseNothing(t *testing.T) {
 				d := onSim(sim.New(sim.Config{Capacity: giB}))
 				o := c.opts
 				o.Backend = be
+				o.Cache.Eager = true
 				p := openPool(t, d, o)
 				// Memory held and cached: the out-of-memory path would
 				// return it.

@@ -113,7 +113,7 @@ func TestCheckerSeesEveryBlock(t *testing.T) {
 					sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
 					chk.dev = sd
 					d := onSim(sd)
-					p := openPool(t, d, Options{Backend: be, Guard: guard, Cache: CacheOptions{Disable: cm.off}})
+					p := openPool(t, d, Options{Backend: be, Guard: guard, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
 					require.NotNil(t, p.dbg)
 					require.Equal(t, BackendChunks, p.Backend(), "with a checker, auto is chunks")
 					live := map[uintptr]uint64{}

@@ -16,7 +16,7 @@ func TestFreeOfZeroIsANoOp(t *testing.T) {
 		for _, cacheOff := range []bool{false, true} {
 			t.Run(configName(be, cacheOff), func(t *testing.T) {
 				d := onSim(sim.New(sim.Config{Capacity: giB}))
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff}, History: 8})
+				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff, Eager: !cacheOff}, History: 8})
 				a, err := p.Alloc(4 * kiB)
 				require.NoError(t, err)
 				before := p.Stats()
@@ -37,7 +37,7 @@ func TestResetPeaksSetsPeaksToTheCurrentValues(t *testing.T) {
 		for _, cacheOff := range []bool{false, true} {
 			t.Run(configName(be, cacheOff), func(t *testing.T) {
 				d := onSim(sim.New(sim.Config{Capacity: giB}))
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff}})
+				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff, Eager: !cacheOff}})
 				big, err := p.Alloc(64 * miB)
 				require.NoError(t, err)
 				small, err := p.Alloc(3 * miB)
@@ -74,7 +74,7 @@ func TestSizeGivesTheUsableSizeOfALiveBlock(t *testing.T) {
 		for _, cacheOff := range []bool{false, true} {
 			t.Run(configName(be, cacheOff), func(t *testing.T) {
 				d := onSim(sim.New(sim.Config{Capacity: giB}))
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff}})
+				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff, Eager: !cacheOff}})
 				sizes := []uint64{1, 300, 4 * kiB, 1*miB - 1, 5*miB + 3}
 				var ptrs []uintptr
 				for _, n := range sizes {
@@ -117,7 +117,7 @@ func TestAllocsBySizeCountsEveryAllocationInItsBucket(t *testing.T) {
 		for _, cacheOff := range []bool{false, true} {
 			t.Run(configName(be, cacheOff), func(t *testing.T) {
 				d := onSim(sim.New(sim.Config{Capacity: giB}))
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff}})
+				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff, Eager: !cacheOff}})
 				want := map[int]uint64{}
 				for i := range 100 {
 					n := uint64(256 + 1000*i)
@@ -150,7 +150,7 @@ func TestOnOutOfMemoryRunsBeforeTheFailureAndThePoolRetries(t *testing.T) {
 				var held []uintptr
 				var calls []uint64
 				var p *Pool
-				p = openPool(t, d, Options{Backend: be, MaxBytes: 64 * miB, Cache: CacheOptions{Disable: cacheOff},
+				p = openPool(t, d, Options{Backend: be, MaxBytes: 64 * miB, Cache: CacheOptions{Disable: cacheOff, Eager: !cacheOff},
 					OnOutOfMemory: func(req uint64) {
 						calls = append(calls, req)
 						// As a finalizer would: free memory, through the pool.

@@ -113,26 +113,32 @@ type Options struct {
 	//
 	// Default 0: off. A VMM pool then keeps every page below the top of
 	// its range mapped, as PyTorch's expandable segments do (1.02–1.19 ×
-	// peak live on the shared traces, 1.15 on ResNet-50 inference at batch
+	// peak live on the shared traces, 1.14 on ResNet-50 inference at batch
 	// sizes 1–256), maps each growth as one physical allocation, and a
 	// training loop's steps make no driver call once the first has run.
 	// Above 0, a pool with no cap maps handles of at most f/2 of that peak,
 	// halved each time large ones kept it from moving enough memory (a
 	// pool with a cap as well maps one-page handles, or a 2048th of the
-	// cap under a MaxFraction of one half or less: on lstm and tdnn 8 to
-	// 11 times the driver time below cold, 2 to 7 times warm), and memory moves between steps where
+	// cap under a MaxFraction of one half or less: on lstm and tdnn about
+	// 8 to 11 times the driver time below cold, 2 to 7 times warm, as
+	// measured with the caches on), and memory moves between steps where
 	// fragmentation would otherwise grow the range: on an H200 a handle
 	// moved costs about 50 µs (cuMemUnmap, cuMemMap, cuMemSetAccess).
-	// Measured on the simulated H200 (2026-12-07, peak reserved over peak
-	// live after a cold and ten warm replays; the modelled driver time per
-	// operation of the cold replay · of a warm one), 0.05 · 0.03: lstm
-	// 1.050 (4.9 · 1.2 µs) · 1.030 (7.8 · 2.0 µs), resnet50 1.020 (0.3 · 0)
-	// · 1.020, tdnn 1.039 (7.8 · 4.7 µs) · 1.030 (11.8 · 11.0 µs); on the
-	// traces in bench/traces, ResNet-50 inference 1.049 (20.9 · 5.1 µs) ·
-	// 1.019 (17.3 · 4.8 µs), Llama 1.048 · 1.029, DeepLabV3 1.040 · 1.028,
-	// ViT-B/16 1.031 · 1.028, BERT 1.007 · 1.007 (1.0036 without),
-	// MobileNetV3 1.0035 as without; with one-page handles, as before, lstm and tdnn cost 5 to 11
-	// times that driver time cold and 2 to 7 times warm. Peak reserved
+	// Measured on the simulated H200 (2026-12-07, one goroutine, so the
+	// caches off; peak reserved over peak live after a cold and ten warm
+	// replays; the modelled driver time per operation of the cold replay ·
+	// of a warm one), 0.05 · 0.03: lstm 1.050 (4.9 · 3.1 µs) · 1.030 (7.7 ·
+	// 8.5 µs), resnet50 1.020 (0.4 · 0) · 1.020, tdnn 1.047 (9.3 · 4.7 µs) ·
+	// 1.027 (12.7 · 8.4 µs); on the traces in bench/traces, ResNet-50
+	// inference 1.040 (19.8 · 5.5 µs) · 1.016 (16.8 · 4.9 µs), Llama 1.041
+	// · 1.029, DeepLabV3 1.034 · 1.029, ViT-B/16 1.029 · 1.030, BERT 1.003
+	// · 1.004, MobileNetV3 1.004 as without. With the caches on (Eager;
+	// the default before): lstm 1.050 (4.9 · 1.2 µs) · 1.030 (7.8 · 2.0
+	// µs), tdnn 1.039 (7.8 · 4.7 µs) · 1.030 (11.8 · 11.0 µs), inference
+	// 1.049 (20.9 · 5.1 µs) · 1.019 (17.3 · 4.8 µs): which placement a
+	// trace's moves favour is the chance of its sizes. With one-page
+	// handles (caches on), lstm and tdnn cost 5 to 11 times that driver
+	// time cold and 2 to 7 times warm. Peak reserved
 	// stays within 1 + f of the peak in use on those traces at 0.01 and
 	// 0.05 (one case in 36 above: MobileNetV3 with GoodFit at 0.01, 1.015).
 	// Default off because a warm step that moves memory costs driver calls
@@ -179,13 +185,14 @@ type Options struct {
 	// gave it (Pool.blockSize), a passthrough pool's included, and Size
 	// gives that size (a passthrough pool's: what the driver allocated).
 	//
-	// Why best fit, with caches for 4 KiB blocks and less, by default:
-	// measured on the simulated H200 (2026-12-07, peak reserved over
-	// peak live after a cold and ten warm replays), lstm 1.032,
-	// resnet50 1.0195, tdnn 1.193, against good fit with 1 MiB
-	// caches (the default before): 1.142, 1.023, 1.182, and PyTorch's
-	// expandable segments' 1.120, 1.020, 1.204; smallest feasible caps
-	// 1.001, 1.003, 1.002 against 1.010, 1.003, 1.004. On the H200, real training through PyTorch
+	// Why best fit by default: measured on the simulated H200
+	// (2026-12-07, one goroutine, peak reserved over peak live after a
+	// cold and ten warm replays), lstm 1.032, resnet50 1.020, tdnn 1.193,
+	// against good fit with 1 MiB caches on from the start (the default
+	// before): 1.142, 1.023, 1.182, and PyTorch's expandable segments'
+	// 1.120, 1.020, 1.204; smallest feasible caps 1.001, 1.004, 1.002
+	// against 1.010, 1.003, 1.004. On the H200 (with the caches on from the
+	// start, as they then were), real training through PyTorch
 	// (bench/e2e, two runs) peaked at 10.73–10.74 and 24.38 GiB
 	// reserved for ResNet-50 and GPT-2 against 10.80 and 24.54–24.61
 	// (expandable segments 10.70 and 24.42), at the same step time;
@@ -206,15 +213,15 @@ type Options struct {
 	// together would hold the request (severe fragmentation), when the pool
 	// keeps the top, as with Wilderness, until every block is freed and the
 	// heap starts over (Stats.TopKept). Measured on the simulated H200
-	// (2026-12-07, peak reserved over peak live after a cold and ten warm
-	// replays; default · Wilderness), on the shared traces: lstm 1.032 ·
-	// 1.117, resnet50 1.0195 · 1.020, tdnn 1.193 · 1.193; on six traces
-	// recorded later to test the pool on workloads it was not tuned on
-	// (bench/traces): ResNet-50 inference at batch 1–256 1.151 · 1.151
-	// (1.290 before the switch on severe fragmentation), BERT 1.0036 ·
-	// 1.005, DeepLabV3 1.040 · 1.045, Llama (bf16) 1.059 · 1.058,
-	// MobileNetV3 1.0035 · 1.005, ViT-B/16 1.028 · 1.027 (the same at any
-	// GOMAXPROCS: see the README); PyTorch's expandable segments on
+	// (2026-12-07, one goroutine, peak reserved over peak live after a
+	// cold and ten warm replays; default · Wilderness), on the shared
+	// traces: lstm 1.032 · 1.117, resnet50 1.020 · 1.0195, tdnn 1.193 ·
+	// 1.193; on six traces recorded later to test the pool on workloads it
+	// was not tuned on (bench/traces): ResNet-50 inference at batch 1–256
+	// 1.142 · 1.145 (1.290 before the switch on severe fragmentation),
+	// BERT 1.0028 · 1.0037, DeepLabV3 1.034 · 1.038, Llama (bf16) 1.059 ·
+	// 1.058, MobileNetV3 1.0037 · 1.006, ViT-B/16 1.028 · 1.031; PyTorch's
+	// expandable segments on
 	// the H200: 1.120, 1.020, 1.204, 1.148, 1.004, 1.036, 1.068, 1.006,
 	// 1.034. Ignored by other backends. The TLSF_ALLOC_CONF key "wilderness"
 	// sets it.
@@ -284,6 +291,19 @@ type Options struct {
 type CacheOptions struct {
 	// Disable turns the caches off: every request takes the lock.
 	Disable bool
+	// Eager turns the caches on from the start. Default false: a pool
+	// starts with its caches off (its requests take the lock and best
+	// fit) and turns them on for good once goroutines contend for its
+	// lock (8 acquisitions found it held within 4,096 locked operations:
+	// "When the caches engage" in cache.go has the rule and its
+	// measurements), so that one goroutine's blocks merge with their free
+	// neighbours at once and land where best fit puts them, and many
+	// goroutines' small requests do not queue on the lock. Stats.CachesOn
+	// says which. Best fit with a MaxSize above 16 KiB, whose size classes
+	// are coarser than best fit's 256 bytes, engages them from the start.
+	// The TLSF_ALLOC_CONF key "caches" sets it (true: Eager; auto: the
+	// default; false: Disable).
+	Eager bool
 	// MaxSize is the largest request in bytes served from caches
 	// (default 4 KiB; with GoodFit, 1 MiB). Cached blocks keep their size
 	// class and are placed apart from best fit: on the lstm trace, best

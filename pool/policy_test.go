@@ -310,7 +310,7 @@ func TestACapMetOnlyAfterReleasingCachedMemory(t *testing.T) {
 					// No release at growth: only the out-of-memory path
 					// may return memory.
 					ReleaseFraction: 1,
-					Cache:           CacheOptions{Disable: cacheOff},
+					Cache:           CacheOptions{Disable: cacheOff, Eager: !cacheOff},
 				})
 				// 56 MiB of 4 KiB blocks.
 				const n = int(56 * miB / (4 * kiB))

@@ -91,6 +91,12 @@ type Pool struct {
 	gateStream device.Stream
 
 	cache *cacheSet // nil when caches are off
+	// contended counts acquisitions of the lock on AllocOn's and FreeOn's
+	// paths that found it held, since the locked operation count
+	// (allocs + frees) was contendedSince: the caches engage at
+	// contentionEngage within contentionWindow (lockContended). Pool lock.
+	contended      int
+	contendedSince uint64
 
 	dbg   *debugLayer // guard mode and memory-checker hooks; nil when off (debug.go)
 	hist  *history    // nil unless Options.History > 0 (history.go)
@@ -265,6 +271,9 @@ func newPool(dev device.Device, opts Options) (*Pool, error) {
 	}
 	if !o.Cache.Disable {
 		p.cache = newCacheSet(p, o.Cache)
+		if o.Cache.Eager || !exactClasses(p.x, o.Cache.MaxSize, o.GoodFit) {
+			p.cache.engage()
+		}
 	}
 	return p, nil
 }
@@ -330,7 +339,9 @@ func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 	// else goes to lockedSlow, the pool unchanged here, whose
 	// allocLocked serves it. Each call saved counts: freeOn's comment
 	// gives the figures.
-	p.mu.Lock()
+	if !p.mu.TryLock() {
+		p.lockContended() // counts toward engaging the caches
+	}
 	if size-1 >= p.allocGate || s != p.gateStream {
 		return p.lockedSlow(size, s, false)
 	}
@@ -1718,7 +1729,9 @@ func (p *Pool) freeOn(ptr uintptr, size uint64, s device.Stream, outer bool) err
 			return nil
 		}
 	}
-	p.mu.Lock()
+	if !p.mu.TryLock() {
+		p.lockContended()
+	}
 	if !p.freeGate || ptr%indexGranularity != 0 || s != p.gateStream {
 		err := p.freeRare(ptr, s)
 		p.mu.Unlock()

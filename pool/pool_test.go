@@ -116,7 +116,7 @@ func TestPassthroughAndPooledAgreeOnSizesAndStatistics(t *testing.T) {
 				ptPitches, ptStats := runParity(t, dp, pt, ops)
 
 				d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff}})
+				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff, Eager: !cacheOff}})
 				pitches, stats := runParity(t, d, p, ops)
 
 				require.Equal(t, ptPitches, pitches)
@@ -269,7 +269,7 @@ func TestCloseReturnsEverythingAndLaterCallsFailWithErrClosed(t *testing.T) {
 				sd := sim.New(sim.Config{Capacity: giB})
 				d := onSim(sd)
 				ss := newStreams(t, sd, 2)
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff}})
+				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff, Eager: !cacheOff}})
 				// Live blocks of every kind, cached ones, and frees
 				// pending on a held stream.
 				var live []uintptr
@@ -371,7 +371,7 @@ func TestFreeingAnAddressNoBlockCanStartAtFreesNothing(t *testing.T) {
 		for _, cm := range cacheModes {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
 				d := onSim(sim.New(sim.Config{Capacity: giB}))
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off}})
+				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
 				a, err := p.Alloc(4 * kiB)
 				require.NoError(t, err)
 				b, err := p.Alloc(3 * miB)

@@ -21,19 +21,40 @@ import (
 
 func TestPoolAgainstAModel(t *testing.T) {
 	configs := []struct {
-		be  Backend
-		off bool
+		be   Backend
+		off  bool
+		auto bool // caches off until an Engage action, as contention would
 	}{
-		{BackendVMM, false}, {BackendVMM, true},
-		{BackendChunks, false}, {BackendChunks, true},
-		{BackendPassthrough, true},
+		{BackendVMM, false, false}, {BackendVMM, true, false}, {BackendVMM, false, true},
+		{BackendChunks, false, false}, {BackendChunks, true, false}, {BackendChunks, false, true},
+		{BackendPassthrough, true, false},
 	}
 	for _, c := range configs {
-		t.Run(configName(c.be, c.off), rapid.MakeCheck(func(rt *rapid.T) {
+		name := configName(c.be, c.off)
+		if c.auto {
+			name = c.be.String() + "/caches=auto"
+		}
+		t.Run(name, rapid.MakeCheck(func(rt *rapid.T) {
 			m := newPoolModel(rt, c.be, c.off)
-			rt.Repeat(m.actions())
+			actions := m.actions()
+			if c.auto {
+				m.p.mu.Lock()
+				m.p.cache.serving.Store(0) // as New leaves a pool with Eager false
+				m.p.mu.Unlock()
+				actions["Engage"] = m.engage
+			}
+			rt.Repeat(actions)
 		}))
 	}
+}
+
+// engage turns the caches on, as contention for the pool's lock does
+// (lockContended), between any two calls.
+func (m *poolModel) engage(rt *rapid.T) {
+	m.p.mu.Lock()
+	m.p.cache.engage()
+	m.p.mu.Unlock()
+	require.True(rt, m.p.Stats().CachesOn)
 }
 
 type modelBlock struct {
@@ -60,7 +81,7 @@ func newPoolModel(rt *rapid.T, be Backend, cacheOff bool) *poolModel {
 	o := Options{
 		Backend:  be,
 		MaxBytes: maxBytes,
-		Cache:    CacheOptions{Disable: cacheOff},
+		Cache:    CacheOptions{Disable: cacheOff, Eager: !cacheOff},
 		// Growth in steps from a granule to a quarter of the device.
 		GrowFraction: rapid.SampledFrom([]float64{0, 1.0 / 64, 0.25}).Draw(rt, "GrowFraction"),
 		Wilderness:   rapid.Bool().Draw(rt, "Wilderness"),

@@ -75,7 +75,7 @@ func TestSnapshotRoundTripsThroughTheTraceReader(t *testing.T) {
 		for _, cacheOff := range []bool{false, true} {
 			t.Run(configName(be, cacheOff), func(t *testing.T) {
 				d := onSim(sim.New(sim.Config{}))
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff}, History: 4096, HistoryStacks: true})
+				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff, Eager: !cacheOff}, History: 4096, HistoryStacks: true})
 				live := replayOps(t, p, ops)
 				snap, err := p.Snapshot()
 				require.NoError(t, err)
@@ -101,7 +101,7 @@ func TestSnapshotRoundTripsThroughTheTraceReader(t *testing.T) {
 
 				// And it replays.
 				d2 := onSim(sim.New(sim.Config{}))
-				p2 := openPool(t, d2, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff}})
+				p2 := openPool(t, d2, Options{Backend: be, Cache: CacheOptions{Disable: cacheOff, Eager: !cacheOff}})
 				replayOps(t, p2, back.Ops)
 				require.Equal(t, p.Stats().Allocated, p2.Stats().Allocated)
 				checkStep(t, p2, d2)

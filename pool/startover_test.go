@@ -44,7 +44,7 @@ func TestAPoolWhoseBlocksAreAllFreedStartsOver(t *testing.T) {
 	for _, cm := range cacheModes {
 		t.Run(cm.name, func(t *testing.T) {
 			d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
-			p := openPool(t, d, Options{Cache: CacheOptions{Disable: cm.off}})
+			p := openPool(t, d, Options{Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
 			first := startOverRun(t, p, d)
 			s := p.Stats()
 			require.Zero(t, s.Allocated)
@@ -79,7 +79,7 @@ func TestAPoolWhoseBlocksAreAllFreedStartsOver(t *testing.T) {
 
 func TestADoubleFreeAfterStartingOverIsReported(t *testing.T) {
 	d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
-	p := openPool(t, d, Options{})
+	p := openPool(t, d, Options{Cache: CacheOptions{Eager: true}})
 	a, err := p.Alloc(8 * miB)
 	require.NoError(t, err)
 	b, err := p.Alloc(8 * miB)
@@ -97,7 +97,7 @@ func TestADoubleFreeAfterStartingOverIsReported(t *testing.T) {
 func TestALiveBlockKeepsThePoolFromStartingOver(t *testing.T) {
 	for _, size := range []uint64{4 * kiB, 8 * miB} { // cached, and the pool's own
 		d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
-		p := openPool(t, d, Options{})
+		p := openPool(t, d, Options{Cache: CacheOptions{Eager: true}})
 		keep, err := p.Alloc(size)
 		require.NoError(t, err)
 		startOverRun(t, p, d)
@@ -114,7 +114,7 @@ func onePPool(t *testing.T) (*Pool, testDevice) {
 	prev := runtime.GOMAXPROCS(1)
 	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
 	d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
-	p := openPool(t, d, Options{})
+	p := openPool(t, d, Options{Cache: CacheOptions{Eager: true}})
 	require.NotNil(t, p.cache)
 	return p, d
 }
@@ -212,7 +212,7 @@ func TestABlockTakenDuringTheScanStartsThePoolOverWhenFreed(t *testing.T) {
 
 func TestTrimReturnsStandbyPages(t *testing.T) {
 	d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
-	p := openPool(t, d, Options{})
+	p := openPool(t, d, Options{Cache: CacheOptions{Eager: true}})
 	startOverRun(t, p, d)
 	reserved := p.Stats().Reserved
 	require.Positive(t, p.vmm.standby)
@@ -324,7 +324,7 @@ func twoPPool(t *testing.T) (*Pool, testDevice, *sim.Device) {
 	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
 	sd := sim.New(sim.Config{Capacity: 16 * giB})
 	d := onSim(sd)
-	p := openPool(t, d, Options{})
+	p := openPool(t, d, Options{Cache: CacheOptions{Eager: true}})
 	runtime.GOMAXPROCS(1)
 	require.GreaterOrEqual(t, len(p.cache.ps), 2)
 	return p, d, sd
@@ -367,7 +367,7 @@ func forceStartOver(t *testing.T, p *Pool) {
 func TestAStartOverThatWouldChangeNothingIsSkipped(t *testing.T) {
 	for _, cm := range cacheModes {
 		t.Run(cm.name, func(t *testing.T) {
-			o := Options{Cache: CacheOptions{Disable: cm.off}}
+			o := Options{Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}}
 			d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
 			p := openPool(t, d, o)
 			td := onSim(sim.New(sim.Config{Capacity: 16 * giB}))

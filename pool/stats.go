@@ -40,6 +40,11 @@ type Stats struct {
 	// as allocated nor as free; CachedBlocks is their number.
 	Cached       uint64
 	CachedBlocks int64
+	// CachesOn reports whether the per-P caches serve requests: from New
+	// with CacheOptions.Eager, never with CacheOptions.Disable, else once
+	// goroutines contended for the pool's lock (CacheOptions.Eager says
+	// when).
+	CachesOn bool
 	// Pending is the bytes of blocks freed on a stream and awaiting its
 	// event (included in Active); PendingBlocks is their number.
 	Pending       uint64
@@ -141,6 +146,7 @@ func (p *Pool) statsLocked() Stats {
 	s.DeviceCalls, s.DeviceCallsByPath = p.dev.snapshot()
 	if p.cache != nil {
 		p.cache.addStats(&c, &s)
+		s.CachesOn = p.cache.engaged()
 	}
 	s.Allocated, s.AllocatedPeak = c.allocated, c.allocatedPeak
 	s.Allocations, s.AllocationsPeak = c.allocations, c.allocationsPeak

@@ -149,7 +149,7 @@ func TestTheDefaultStreamRule(t *testing.T) {
 
 		for _, cacheOff := range []bool{false, true} {
 			t.Run(configName(be, cacheOff)+"/small blocks freed on stream 0 keep their stream order", func(t *testing.T) {
-				r := newStreamRig(t, be, Options{Cache: CacheOptions{Disable: cacheOff}})
+				r := newStreamRig(t, be, Options{Cache: CacheOptions{Disable: cacheOff, Eager: !cacheOff}})
 				_, err := r.p.AllocOn(4*kiB, r.a)
 				require.NoError(t, err)
 				var held []uintptr

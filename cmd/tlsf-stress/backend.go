@@ -118,7 +118,11 @@ func newAllocator(d device.Device, name string, o allocOptions) (allocator, erro
 	if o.history > 0 {
 		po.History = o.history
 	}
-	po.GoodFit = po.GoodFit || name == backendVMMGoodFit
+	if name == backendVMMGoodFit {
+		// The default before best fit: good fit, with the caches on from
+		// the start (unless --conf caches:false).
+		po.GoodFit, po.Cache.Eager = true, !po.Cache.Disable
+	}
 	po.Wilderness = po.Wilderness || name == backendVMMWilderness
 	p, err := pool.New(d, po)
 	if err != nil {

@@ -66,8 +66,8 @@
 //	              threshold at the maximum so that it keeps freed memory
 //	              like a caching allocator, and trimmed when done
 //	tlsf-vmm-goodfit  tlsf-vmm with pool.Options.GoodFit (TLSF's O(1) good
-//	              fit, per-P caches for blocks of 1 MiB and less: the
-//	              default before best fit)
+//	              fit, per-P caches for blocks of 1 MiB and less, on from
+//	              the start: the default before best fit)
 //	tlsf-vmm-wilderness  tlsf-vmm with pool.Options.Wilderness (the free
 //	              top of the heap kept for requests no other free block
 //	              holds)
