@@ -119,9 +119,8 @@ type Options struct {
 	// Above 0, a pool with no cap maps handles of at most f/2 of that peak,
 	// halved each time large ones kept it from moving enough memory (a
 	// pool with a cap as well maps one-page handles, or a 2048th of the
-	// cap under a MaxFraction of one half or less: on lstm and tdnn about
-	// 8 to 11 times the driver time below cold, 2 to 7 times warm, as
-	// measured with the caches on), and memory moves between steps where
+	// cap under a MaxFraction of one half or less: on lstm and tdnn 6 to
+	// 11 times the driver time below cold, 6 to 7 times warm), and memory moves between steps where
 	// fragmentation would otherwise grow the range: on an H200 a handle
 	// moved costs about 50 µs (cuMemUnmap, cuMemMap, cuMemSetAccess).
 	// Measured on the simulated H200 (2026-12-07, one goroutine, so the
@@ -136,9 +135,7 @@ type Options struct {
 	// the default before): lstm 1.050 (4.9 · 1.2 µs) · 1.030 (7.8 · 2.0
 	// µs), tdnn 1.039 (7.8 · 4.7 µs) · 1.030 (11.8 · 11.0 µs), inference
 	// 1.049 (20.9 · 5.1 µs) · 1.019 (17.3 · 4.8 µs): which placement a
-	// trace's moves favour is the chance of its sizes. With one-page
-	// handles (caches on), lstm and tdnn cost 5 to 11 times that driver
-	// time cold and 2 to 7 times warm. Peak reserved
+	// trace's moves favour is the chance of its sizes. Peak reserved
 	// stays within 1 + f of the peak in use on those traces at 0.01 and
 	// 0.05 (one case in 36 above: MobileNetV3 with GoodFit at 0.01, 1.015).
 	// Default off because a warm step that moves memory costs driver calls
