@@ -131,14 +131,16 @@ func poolTraces(tb testing.TB) []*trace.Trace {
 }
 
 // BenchmarkSmallAllocFree is one Alloc and one Free of a 4 KiB block on
-// one goroutine: the per-P cache's fast path against the pool's lock.
+// one goroutine: the per-P cache's fast path (cached: on from New)
+// against the pool's lock (locked: caches off; auto: the default, which
+// one goroutine never engages).
 func BenchmarkSmallAllocFree(b *testing.B) {
 	for _, mode := range []struct {
-		name string
-		off  bool
-	}{{"cached", false}, {"locked", true}} {
+		name  string
+		cache pool.CacheOptions
+	}{{"cached", pool.CacheOptions{Eager: true}}, {"locked", pool.CacheOptions{Disable: true}}, {"auto", pool.CacheOptions{}}} {
 		b.Run(mode.name, func(b *testing.B) {
-			p := newSimPool(b, pool.Options{Cache: pool.CacheOptions{Disable: mode.off, Eager: !mode.off}})
+			p := newSimPool(b, pool.Options{Cache: mode.cache})
 			for b.Loop() {
 				ptr, err := p.Alloc(4096)
 				if err != nil {

@@ -18,7 +18,7 @@ func TestBestFitBlocksAreRoundedTo256Bytes(t *testing.T) {
 		for _, cm := range cacheModes {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
 				d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
+				p := openPool(t, d, Options{Backend: be, Cache: cm.opts()})
 				size := 5*miB + 1000 // a size class would round it to 5 MiB + 64 KiB
 				ptr, err := p.Alloc(size)
 				require.NoError(t, err)
@@ -37,7 +37,7 @@ func TestBestFitBlocksAreRoundedTo256Bytes(t *testing.T) {
 						ptr, err := p.Alloc(n)
 						require.NoError(t, err)
 						rn := roundUp(n, 256)
-						if !cm.off && n <= p.opts.Cache.MaxSize {
+						if cm.serving() && n <= p.opts.Cache.MaxSize {
 							rn = sizeClass(n)
 						}
 						live[ptr] = rn

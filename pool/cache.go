@@ -331,13 +331,27 @@ func (c *cacheSet) engage() { c.serving.Store(c.maxSize) }
 // engaged reports whether the caches serve requests.
 func (c *cacheSet) engaged() bool { return c.serving.Load() != 0 }
 
+// lockAside takes the pool's lock for work other than an allocation or a
+// free, whose holding it does not count toward engaging the caches
+// (lockContended); unlockAside gives it back.
+func (p *Pool) lockAside() {
+	p.mu.Lock()
+	p.aside.Store(true)
+}
+
+func (p *Pool) unlockAside() {
+	p.aside.Store(false)
+	p.mu.Unlock()
+}
+
 // exactClasses reports whether every request the caches would serve has
 // the same block size as a size class (as the caches give it) and as
 // placed by the pool (best fit rounds to 256 bytes; good fit to the size
 // class): then a block allocated before the caches engage and one
-// allocated after are alike, as Pool.blockSize counts them. With 64
-// second-level lists per power of two, classes are 256 bytes apart up to
-// 16 KiB; larger MaxSize with best fit engages the caches from the start.
+// allocated after are alike, as Pool.blockSize counts them. Classes are
+// 256 bytes apart up to 2^(SLLog2+9) bytes: 32 KiB with the default 64
+// second-level lists per power of two. A larger MaxSize with best fit (or
+// SLLog2 2 or less with the default 4 KiB) engages the caches from New.
 func exactClasses(x *tlsf.Index, maxSize uint64, goodFit bool) bool {
 	if goodFit {
 		return true
@@ -356,10 +370,10 @@ func exactClasses(x *tlsf.Index, maxSize uint64, goodFit bool) bool {
 // neighbours, and its next use lands where it lay rather than where best
 // fit would put it. For one goroutine (a training loop, a C++ toolkit
 // allocating from one thread) they save only the uncontended lock: on
-// the development VM a single goroutine replayed resnet50 12% faster with
-// them and tdnn 4% (2026-12-07, BenchmarkPoolReplay's vmm-caches against
-// vmm, bench/replay-dev/2026-12-07c), while on the simulated H200 best
-// fit without them reserved 0.0066, 0.0085, 0.0009 and 0.0008 × peak
+// the development VM a single goroutine replayed resnet50 7% faster with
+// them and tdnn 3% (2026-12-07, BenchmarkPoolReplay's vmm-caches
+// against vmm, ten alternating runs, bench/replay-dev/2026-12-07d), while
+// on the simulated H200 best fit without them reserved 0.0066, 0.0085, 0.0009 and 0.0008 × peak
 // live less on deeplab, ResNet-50 inference, vit and bert (1.0335,
 // 1.1424, 1.0275, 1.0028), 0.0008 more on resnet50 (1.0203, PyTorch's
 // expandable segments' figure to the byte) and 0.0002 on mobilenet, the
@@ -367,25 +381,29 @@ func exactClasses(x *tlsf.Index, maxSize uint64, goodFit bool) bool {
 // for the pool's lock, the caches are what keeps small requests from
 // queueing on it. So by default (CacheOptions.Eager false) a pool starts
 // with its caches off and engages them, for good, once the lock is
-// contended: contentionEngage acquisitions on AllocOn's and FreeOn's
-// paths found it held within contentionWindow locked operations. A
-// background goroutine taking the lock now and then (the scavenger,
-// Stats every second) never reaches that; two goroutines allocating at
-// once reach it within microseconds.
+// contended: contentionEngage acquisitions on the alloc and free paths
+// found it held by another alloc or free within contentionWindow locked
+// operations. Work that is neither (Stats, Check, Size, Trim, Snapshot,
+// ResetPeaks, the scavenger, which may hold the lock for milliseconds
+// when the device runs low) takes the lock with lockAside and does not
+// count; two goroutines allocating at once reach the count within
+// microseconds.
 const (
 	contentionEngage = 8
 	contentionWindow = 4096
 )
 
-// lockContended takes the pool's lock after a TryLock found it held, and
-// counts the contention toward engaging the caches.
+// lockContended takes the pool's lock after a TryLock on the alloc or
+// free path found it held, and counts the contention toward engaging the
+// caches, unless the holder was lockAside's.
 func (p *Pool) lockContended() {
+	aside := p.aside.Load()
 	if testHookContended != nil {
 		testHookContended()
 	}
 	p.mu.Lock()
 	c := p.cache
-	if c == nil || c.engaged() {
+	if c == nil || c.engaged() || aside {
 		return
 	}
 	ops := p.c.allocs + p.c.frees

@@ -21,10 +21,24 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var cacheModes = []struct {
+// cacheModes: the caches on from New (Eager), off (Disable), and the
+// default (auto), which one goroutine never engages: present, not
+// serving.
+var cacheModes = []cacheMode{{"caches=on", false, false}, {"caches=off", true, false}, {"caches=auto", false, true}}
+
+type cacheMode struct {
 	name string
 	off  bool
-}{{"caches=on", false}, {"caches=off", true}}
+	auto bool
+}
+
+// opts is the mode's CacheOptions.
+func (cm cacheMode) opts() CacheOptions {
+	return CacheOptions{Disable: cm.off, Eager: !cm.off && !cm.auto}
+}
+
+// serving reports whether the caches serve requests from New.
+func (cm cacheMode) serving() bool { return !cm.off && !cm.auto }
 
 // churnBlock is a block in flight between goroutines, with the word it
 // was filled with.
@@ -44,7 +58,7 @@ func TestManyGoroutinesAllocateAndFreeEachOthersBlocks(t *testing.T) {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
 				sd := sim.New(sim.Config{Capacity: 4 * giB, Shadow: true})
 				d := onSim(sd)
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
+				p := openPool(t, d, Options{Backend: be, Cache: cm.opts()})
 
 				// Each worker hands some of its blocks to the next one,
 				// which checks their contents and frees them.
@@ -84,6 +98,9 @@ func TestManyGoroutinesAllocateAndFreeEachOthersBlocks(t *testing.T) {
 				require.Equal(t, frees.Load(), s.Frees)
 				require.Equal(t, allocs.Load(), frees.Load())
 				if cm.off {
+					require.False(t, s.CachesOn)
+				}
+				if !s.CachesOn { // auto: engaged if the goroutines contended
 					require.Zero(t, s.Cached)
 				}
 				_, err := p.Trim()
@@ -203,7 +220,7 @@ func TestCachesAreDrainedWhenMemoryRunsOut(t *testing.T) {
 				t.Run(name, func(t *testing.T) {
 					sd := sim.New(sim.Config{Capacity: giB})
 					d := onSim(sd)
-					p := openPool(t, d, Options{Backend: be, MaxBytes: 64 * miB, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
+					p := openPool(t, d, Options{Backend: be, MaxBytes: 64 * miB, Cache: cm.opts()})
 					// A block of the pool's own stays live, so that it does
 					// not start over (which drains the caches too) when the
 					// small blocks are all freed.
@@ -230,7 +247,7 @@ func TestCachesAreDrainedWhenMemoryRunsOut(t *testing.T) {
 					checkStep(t, p, d)
 					s := p.Stats()
 					require.Equal(t, uint64(64*kiB), s.Allocated)
-					if cm.off {
+					if !cm.serving() {
 						require.Zero(t, s.Cached)
 					} else if !thirdFrees {
 						require.Positive(t, s.Cached, "the allocator's frees went to its cache")
@@ -276,7 +293,7 @@ func TestCachedBytesAreCountedApart(t *testing.T) {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
 				sd := sim.New(sim.Config{Capacity: giB})
 				d := onSim(sd)
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
+				p := openPool(t, d, Options{Backend: be, Cache: cm.opts()})
 				var ptrs []uintptr
 				for range 100 {
 					ptr, err := p.Alloc(4 * kiB)
@@ -295,7 +312,7 @@ func TestCachedBytesAreCountedApart(t *testing.T) {
 				require.Zero(t, s.Allocations)
 				require.Zero(t, s.Active, "cached blocks are not active")
 				require.Equal(t, uint64(100), s.Frees)
-				if cm.off {
+				if !cm.serving() {
 					require.Zero(t, s.Cached)
 					require.Zero(t, s.CachedBlocks)
 				} else {

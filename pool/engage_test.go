@@ -12,17 +12,41 @@ import (
 // holds it until the call is waiting for it), one at a time.
 func contend(t *testing.T, p *Pool, n int, op func() error) {
 	t.Helper()
+	contendWith(t, n, op, p.mu.Lock, p.mu.Unlock)
+}
+
+// contendWith is contend with the lock taken and given back by lock and
+// unlock.
+func contendWith(t *testing.T, n int, op func() error, lock, unlock func()) {
+	t.Helper()
 	waiting := make(chan struct{})
 	testHookContended = func() { waiting <- struct{}{} }
 	defer func() { testHookContended = nil }()
 	for range n {
-		p.mu.Lock()
+		lock()
 		done := make(chan error, 1)
 		go func() { done <- op() }()
 		<-waiting
-		p.mu.Unlock()
+		unlock()
 		require.NoError(t, <-done)
 	}
+}
+
+// Stats, Check, Size, Trim, Snapshot, ResetPeaks and the scavenger hold
+// the lock aside: an allocation or free waiting for them is not
+// goroutines contending for memory.
+func TestWaitingForWorkAsideEngagesNothing(t *testing.T) {
+	d := onSim(sim.New(sim.Config{Capacity: giB}))
+	p := openPool(t, d, Options{})
+	contendWith(t, 4*contentionEngage, func() error {
+		ptr, err := p.Alloc(64 * kiB) // never from a cache: always the lock
+		if err != nil {
+			return err
+		}
+		return p.Free(ptr)
+	}, p.lockAside, p.unlockAside)
+	require.False(t, p.Stats().CachesOn)
+	checkStep(t, p, d)
 }
 
 func TestCachesEngageWhenTheLockIsContended(t *testing.T) {

@@ -210,7 +210,7 @@ func TestGuardConcurrent(t *testing.T) {
 			chk := withChecker(t)
 			sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
 			d := onSim(sd)
-			p := openPool(t, d, Options{Backend: BackendChunks, Guard: 16, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
+			p := openPool(t, d, Options{Backend: BackendChunks, Guard: 16, Cache: cm.opts()})
 			var wg sync.WaitGroup
 			errs := make(chan error, 8)
 			for g := 0; g < 8; g++ {

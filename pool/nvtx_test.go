@@ -108,12 +108,12 @@ func TestCheckerSeesEveryBlock(t *testing.T) {
 	for _, be := range []Backend{BackendAuto, BackendChunks} {
 		for _, cm := range cacheModes {
 			for _, guard := range []uint64{0, 64} {
-				t.Run(fmt.Sprintf("%s/guard=%d", configName(be, cm.off), guard), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%s/%s/guard=%d", be, cm.name, guard), func(t *testing.T) {
 					chk := withChecker(t)
 					sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
 					chk.dev = sd
 					d := onSim(sd)
-					p := openPool(t, d, Options{Backend: be, Guard: guard, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
+					p := openPool(t, d, Options{Backend: be, Guard: guard, Cache: cm.opts()})
 					require.NotNil(t, p.dbg)
 					require.Equal(t, BackendChunks, p.Backend(), "with a checker, auto is chunks")
 					live := map[uintptr]uint64{}

@@ -200,8 +200,8 @@ func (h *vmmHeap) largestAllocatable(k uint64) uint64 {
 // Errors: ErrUnknownPointer (not a pointer the pool returned, or inside
 // an allocation), ErrDoubleFree (freed already), ErrClosed.
 func (p *Pool) Size(ptr uintptr) (uint64, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.lockAside()
+	defer p.unlockAside()
 	if p.closed {
 		return 0, ErrClosed
 	}

@@ -296,8 +296,9 @@ type CacheOptions struct {
 	// measurements), so that one goroutine's blocks merge with their free
 	// neighbours at once and land where best fit puts them, and many
 	// goroutines' small requests do not queue on the lock. Stats.CachesOn
-	// says which. Best fit with a MaxSize above 16 KiB, whose size classes
-	// are coarser than best fit's 256 bytes, engages them from the start.
+	// says which. Best fit with a MaxSize above 32 KiB (above 2^(SLLog2+9)
+	// bytes), whose size classes are coarser than best fit's 256 bytes,
+	// engages them from the start.
 	// The TLSF_ALLOC_CONF key "caches" sets it (true: Eager; auto: the
 	// default; false: Disable).
 	Eager bool

@@ -97,6 +97,10 @@ type Pool struct {
 	// contentionEngage within contentionWindow (lockContended). Pool lock.
 	contended      int
 	contendedSince uint64
+	// aside: the lock is held by lockAside (Stats, Check, Size, Trim,
+	// Snapshot, ResetPeaks, the scavenger), whose holding it does not
+	// count as contention.
+	aside atomic.Bool
 
 	dbg   *debugLayer // guard mode and memory-checker hooks; nil when off (debug.go)
 	hist  *history    // nil unless Options.History > 0 (history.go)
@@ -378,7 +382,9 @@ func (p *Pool) allocOn(size uint64, s device.Stream) (uintptr, error) {
 	if c := p.cache; c != nil && c.serves(size, uintptr(s)) {
 		return p.allocCached(size, s)
 	}
-	p.mu.Lock()
+	if !p.mu.TryLock() {
+		p.lockContended()
+	}
 	return p.lockedSlow(size, s, false)
 }
 
@@ -1056,7 +1062,7 @@ func (p *Pool) startOver() {
 		p.mayEmpty.CompareAndSwap(emptyBlocker, emptyAny)
 		return
 	}
-	if c := p.cache; c != nil {
+	if c := p.cache; c != nil && c.engaged() { // else no block was ever cached
 		// emptyAny before the scan, not after it: the Store precedes each
 		// P's lockWait in markBlocker, and a cache free decrements
 		// liveBlocks under that P's lock, then loads mayEmpty. Either the
@@ -2112,8 +2118,8 @@ func (p *Pool) ForgetStream(s device.Stream) error {
 // under free blocks. It returns the bytes released.
 // Errors: ErrClosed, device errors.
 func (p *Pool) Trim() (uint64, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.lockAside()
+	defer p.unlockAside()
 	if p.closed {
 		return 0, ErrClosed
 	}

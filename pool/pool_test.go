@@ -371,7 +371,7 @@ func TestFreeingAnAddressNoBlockCanStartAtFreesNothing(t *testing.T) {
 		for _, cm := range cacheModes {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
 				d := onSim(sim.New(sim.Config{Capacity: giB}))
-				p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
+				p := openPool(t, d, Options{Backend: be, Cache: cm.opts()})
 				a, err := p.Alloc(4 * kiB)
 				require.NoError(t, err)
 				b, err := p.Alloc(3 * miB)

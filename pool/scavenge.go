@@ -87,11 +87,11 @@ func (p *Pool) startScavenger() {
 			case <-sc.stop:
 				return
 			case <-t.C:
-				p.mu.Lock()
+				p.lockAside()
 				if !p.closed {
 					_, _ = p.scavengeLocked()
 				}
-				p.mu.Unlock()
+				p.unlockAside()
 			}
 		}
 	}()

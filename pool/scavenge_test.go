@@ -16,7 +16,7 @@ func TestScavengerReturnsUnusedMemoryWhenTheDeviceRunsLow(t *testing.T) {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
 				sd := sim.New(sim.Config{Capacity: giB})
 				d := onSim(sd)
-				p := openPool(t, d, Options{Backend: be, FreeFloorFraction: 0.5, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
+				p := openPool(t, d, Options{Backend: be, FreeFloorFraction: 0.5, Cache: cm.opts()})
 				keep, err := p.Alloc(16 * miB)
 				require.NoError(t, err)
 				var ptrs []uintptr

@@ -24,7 +24,7 @@ func TestEveryLiveBlockOwnsItsBytes(t *testing.T) {
 			for _, maxBytes := range []uint64{0, 24 * miB} {
 				name := fmt.Sprintf("%v/%s/MaxBytes=%d", be, cm.name, maxBytes)
 				t.Run(name, func(t *testing.T) {
-					runShadow(t, Options{Backend: be, MaxBytes: maxBytes, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}}, 1200, uint64(len(name)))
+					runShadow(t, Options{Backend: be, MaxBytes: maxBytes, Cache: cm.opts()}, 1200, uint64(len(name)))
 				})
 			}
 		}

@@ -31,7 +31,7 @@ func TestASizedFreeTrustsNoSize(t *testing.T) {
 				t.Run(be.String()+"/"+cm.name+"/"+h.name, func(t *testing.T) {
 					sd := sim.New(sim.Config{Capacity: giB})
 					d := onSim(sd)
-					p := openPool(t, d, Options{Backend: be, Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
+					p := openPool(t, d, Options{Backend: be, Cache: cm.opts()})
 					var ptrs []uintptr
 					for round := range 3 {
 						for _, n := range sizes {

@@ -112,8 +112,8 @@ type Snapshot struct {
 // pool's lock for a walk of every block: O(blocks + pages), meant for
 // debugging. Errors: ErrClosed.
 func (p *Pool) Snapshot() (*Snapshot, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.lockAside()
+	defer p.unlockAside()
 	if p.closed {
 		return nil, ErrClosed
 	}

@@ -44,7 +44,7 @@ func TestAPoolWhoseBlocksAreAllFreedStartsOver(t *testing.T) {
 	for _, cm := range cacheModes {
 		t.Run(cm.name, func(t *testing.T) {
 			d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
-			p := openPool(t, d, Options{Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}})
+			p := openPool(t, d, Options{Cache: cm.opts()})
 			first := startOverRun(t, p, d)
 			s := p.Stats()
 			require.Zero(t, s.Allocated)
@@ -367,7 +367,7 @@ func forceStartOver(t *testing.T, p *Pool) {
 func TestAStartOverThatWouldChangeNothingIsSkipped(t *testing.T) {
 	for _, cm := range cacheModes {
 		t.Run(cm.name, func(t *testing.T) {
-			o := Options{Cache: CacheOptions{Disable: cm.off, Eager: !cm.off}}
+			o := Options{Cache: cm.opts()}
 			d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
 			p := openPool(t, d, o)
 			td := onSim(sim.New(sim.Config{Capacity: 16 * giB}))

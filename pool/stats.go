@@ -118,8 +118,8 @@ type Stats struct {
 // served (not those the caches handed out); Reserved is 0 unless Close
 // returned a device error; DeviceCalls includes Close's own calls.
 func (p *Pool) Stats() Stats {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.lockAside()
+	defer p.unlockAside()
 	s := p.statsLocked()
 	if p.dbg != nil {
 		p.dbg.adjustStats(&s)
@@ -178,8 +178,8 @@ func (p *Pool) statsLocked() Stats {
 // fast paths' gate matches the pool's state (Pool.gate). It takes the
 // lock and walks every block: meant for tests.
 func (p *Pool) Check() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.lockAside()
+	defer p.unlockAside()
 	if p.closed {
 		return ErrClosed
 	}
@@ -290,8 +290,8 @@ func sizeBucket(size uint64) int {
 // concurrent use; it takes the pool's lock. Errors: none (on a closed
 // pool it does nothing).
 func (p *Pool) ResetPeaks() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.lockAside()
+	defer p.unlockAside()
 	if p.closed {
 		return
 	}
