@@ -61,6 +61,12 @@ func New(p *pool.Pool, labels prometheus.Labels) (*Collector, error) {
 	g("reserved_bytes", "Device memory the pool holds.", func(s *pool.Stats) float64 { return u(s.Reserved) })
 	g("reserved_peak_bytes", "Peak of reserved_bytes.", func(s *pool.Stats) float64 { return u(s.ReservedPeak) })
 	g("cached_bytes", "Bytes of free blocks held by per-P caches.", func(s *pool.Stats) float64 { return u(s.Cached) })
+	g("caches_on", "1 once the per-P caches serve requests (goroutines contended for the pool's lock, or CacheOptions.Eager), else 0.", func(s *pool.Stats) float64 {
+		if s.CachesOn {
+			return 1
+		}
+		return 0
+	})
 	g("pending_bytes", "Bytes of blocks freed on a stream awaiting its event.", func(s *pool.Stats) float64 { return u(s.Pending) })
 	g("index_free_bytes", "Free bytes in the TLSF index (for a VMM pool, address space included).", func(s *pool.Stats) float64 { return u(s.IndexFree) })
 	g("largest_free_bytes", "Largest free block of the TLSF index.", func(s *pool.Stats) float64 { return u(s.LargestFree) })

@@ -57,6 +57,7 @@ tlsf_pool_allocs_by_size_total{backend="chunks",gpu="0",le_bytes="4194304"} 1
 
 	s := p.Stats()
 	require.Equal(t, float64(s.Reserved), gathered(t, reg, "tlsf_pool_reserved_bytes"))
+	require.Zero(t, gathered(t, reg, "tlsf_pool_caches_on"), "caches disabled")
 	require.Equal(t, float64(s.DeviceCalls.Total()), gathered(t, reg, "tlsf_pool_device_calls_total"))
 	require.Equal(t, float64(s.DeviceCalls.Total()), gathered(t, reg, "tlsf_pool_device_calls_by_path_total"), "by path, the same calls")
 
@@ -135,4 +136,15 @@ func prometheusRegistry(t *testing.T, c prometheus.Collector) *prometheus.Regist
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(c))
 	return reg
+}
+
+func TestCollectorSaysWhetherTheCachesServe(t *testing.T) {
+	p, err := pool.New(sim.New(sim.Config{Capacity: 1 << 30}), pool.Options{Cache: pool.CacheOptions{Eager: true}})
+	require.NoError(t, err)
+	defer p.Close()
+	c, err := poolmetrics.New(p, nil)
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	require.Equal(t, 1.0, gathered(t, reg, "tlsf_pool_caches_on"))
 }
