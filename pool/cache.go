@@ -373,13 +373,13 @@ func exactClasses(x *tlsf.Index, maxSize uint64, goodFit bool) bool {
 // the development VM a single goroutine replayed resnet50 7% faster with
 // them and tdnn 3% (2026-12-07, BenchmarkPoolReplay's vmm-caches
 // against vmm, ten alternating runs, bench/replay-dev/2026-12-07d), while
-// on the simulated H200 best fit without them reserved 0.0066, 0.0085, 0.0009 and 0.0008 × peak
-// live less on deeplab, ResNet-50 inference, vit and bert (1.0335,
-// 1.1424, 1.0275, 1.0028), 0.0008 more on resnet50 (1.0203, PyTorch's
-// expandable segments' figure to the byte) and 0.0002 on mobilenet, the
-// rest the same: all nine traces at or below expandable segments. Where goroutines contend
-// for the pool's lock, the caches are what keeps small requests from
-// queueing on it. So by default (CacheOptions.Eager false) a pool starts
+// on the simulated H200 best fit without them reserved 0.0066, 0.0085,
+// 0.0009 and 0.0008 × peak live less on deeplab, ResNet-50 inference,
+// vit and bert (1.0335, 1.1424, 1.0275, 1.0028), 0.0008 more on resnet50
+// (1.0203, PyTorch's expandable segments' figure to the byte) and 0.0002
+// on mobilenet, the rest the same: all nine traces at or below
+// expandable segments. Where goroutines contend for the pool's lock, the
+// caches are what keeps small requests from queueing on it. So by default (CacheOptions.Eager false) a pool starts
 // with its caches off and engages them, for good, once the lock is
 // contended: contentionEngage acquisitions on the alloc and free paths
 // found it held by another alloc or free within contentionWindow locked

@@ -91,10 +91,11 @@ type Pool struct {
 	gateStream device.Stream
 
 	cache *cacheSet // nil when caches are off
-	// contended counts acquisitions of the lock on AllocOn's and FreeOn's
-	// paths that found it held, since the locked operation count
-	// (allocs + frees) was contendedSince: the caches engage at
-	// contentionEngage within contentionWindow (lockContended). Pool lock.
+	// contended counts acquisitions of the lock on the alloc and free
+	// paths that found it held (not by lockAside), since the locked
+	// operation count (allocs + frees) was contendedSince: the caches
+	// engage at contentionEngage within contentionWindow (lockContended).
+	// Pool lock.
 	contended      int
 	contendedSince uint64
 	// aside: the lock is held by lockAside (Stats, Check, Size, Trim,
