@@ -650,7 +650,8 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 // Ps that neither allocated nor freed since the last idle scan
 // (adoptIdle; beyond its share, it sheds down to half of it), then gives the
 // index back every block on the central lists, and reports whether it
-// gave any (c may be nil: caches off). The caches of the current P and
+// gave any (c may be nil: caches off; not engaged, no block was ever
+// cached, and it scans nothing). The caches of the current P and
 // of Ps active since the scan are left alone: their blocks are where
 // their next requests go, and emptying them would only move them to new
 // places. Keeping every recently active P's cache, not only the current
@@ -664,7 +665,7 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 // has no cache (GOMAXPROCS grew after New), the idle caches' blocks go
 // back to the index. Pool lock held.
 func (c *cacheSet) reclaimOthers() bool {
-	if c == nil {
+	if c == nil || !c.engaged() {
 		return false
 	}
 	self := procPin()
