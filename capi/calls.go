@@ -30,6 +30,7 @@ type stats struct {
 	Cap                                   uint64
 	Released                              uint64
 	ByPath                                [C.TLSF_NUM_PATHS]uint64
+	CachesOn                              uint64
 }
 
 func callMalloc(size uint64, dev int, s uintptr) uintptr {

@@ -218,6 +218,9 @@ func tlsfgo_get_stats(dev C.int, out *C.tlsf_stats) (rc C.int) {
 	for path, c := range s.DeviceCallsByPath {
 		out.device_calls_by_path[path] = C.uint64_t(c.Total())
 	}
+	if s.CachesOn {
+		out.caches_on = 1
+	}
 	return 0
 }
 

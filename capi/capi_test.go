@@ -105,6 +105,16 @@ func TestManyThreads(t *testing.T) {
 		require.Zero(t, s.Allocated, "device %d", dev)
 		require.NotZero(t, s.NumAllocs)
 		require.Equal(t, s.NumAllocs, s.NumFrees)
+		// caches_on is the pool's Stats.CachesOn: whether these threads
+		// contended for the lock enough to engage the caches (caches:auto)
+		// depends on their interleaving.
+		p, err := reg.lookup(dev)
+		require.NoError(t, err)
+		want := uint64(0)
+		if p.Stats().CachesOn {
+			want = 1
+		}
+		require.Equal(t, want, s.CachesOn, "device %d", dev)
 	}
 	checkPools(t)
 }

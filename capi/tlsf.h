@@ -40,9 +40,11 @@
  * stream before destroying it. Where a driver call on such a stream fails
  * with an invalid handle instead (the simulated device's do): a stream
  * destroyed after the pool used it is forgotten, and the pool keeps
- * serving; a stream it never saw makes tlsf_malloc and tlsf_free on it
- * fail with the driver's error (recording the stream), the pool
- * unchanged.
+ * serving; a stream it never saw is mostly taken for such a one (no
+ * driver call names it, and tlsf_malloc and tlsf_free on it succeed),
+ * except where the pool must first order work on it (tlsf_malloc on a
+ * second stream after frees on the first: cuStreamWaitEvent), which
+ * fails with the driver's error, the pool unchanged.
  *
  * Units: sizes are bytes; pointers are CUDA device pointers aligned to at
  * least 256 bytes.
@@ -87,6 +89,9 @@ extern "C" {
  * library has tlsf_get_device_calls. */
 #define TLSF_HAS_DEVICE_CALLS_BY_PATH 1
 
+/* Defined where tlsf_stats has caches_on. */
+#define TLSF_HAS_CACHES_ON 1
+
 /*
  * tlsf_stats: a pool's statistics, in bytes unless said otherwise. The
  * struct may grow at its end in later versions: set size to
@@ -117,6 +122,11 @@ typedef struct tlsf_stats {
   uint64_t released;        /* bytes returned to the driver since the pool was made */
   uint64_t device_calls_by_path[TLSF_NUM_PATHS]; /* device_calls by the part of the pool
                                that made them (TLSF_PATH_*); they sum to device_calls */
+  /* Added with TLSF_HAS_CACHES_ON (an older library returns a size that
+   * ends before it). */
+  uint64_t caches_on;       /* 1 once the per-thread (per-P) caches serve requests: from
+                               the start with caches:true, after threads contended for
+                               the pool's lock with caches:auto (the default); else 0 */
 } tlsf_stats;
 
 /*
@@ -219,9 +229,10 @@ void tlsf_record_stream(void* ptr, void* stream);
  * after every block, checked on free; at most 1MiB), history (events
  * kept for the Go API's snapshots, at most 2^24; no call of this ABI
  * reads them), history_stacks (true|false).
- * Bytes: an integer, or a number and a unit KiB, MiB, GiB, TiB (powers
- * of 1024), KB, MB, GB, TB (powers of 1000) or B; with a unit the number
- * may have a fraction, rounded down to whole bytes (so "0.5B" is 0).
+ * Bytes: an integer, or a number and a unit, in any case: KiB, MiB, GiB,
+ * TiB or K, M, G, T (powers of 1024), KB, MB, GB, TB (powers of 1000)
+ * or B; with a unit the number may have a fraction, rounded down to
+ * whole bytes (so "0.5B" is 0).
  * Returns 0 on success; -1 on failure (conf NULL or malformed: an unknown
  * key, a bad value, named in the message; or a pool exists already), when
  * the configuration is unchanged.

@@ -383,6 +383,7 @@ func TestOptionsOutOfRangeAreRefused(t *testing.T) {
 				o.Backend, o.Cache.Disable = cfg.backend, cfg.cacheOff
 				expectRefused(t, c.name, o, pool.ErrBadOptions)
 			}
+			expectRefused(t, "Cache.Eager with Cache.Disable", pool.Options{Backend: cfg.backend, Cache: pool.CacheOptions{Eager: true, Disable: true}}, pool.ErrBadOptions)
 			for _, be := range []pool.Backend{-1, pool.BackendPassthrough + 1, 100} {
 				expectRefused(t, fmt.Sprintf("Backend %d", int(be)), pool.Options{Backend: be, Cache: pool.CacheOptions{Disable: cfg.cacheOff}}, pool.ErrBadOptions)
 			}

@@ -132,10 +132,11 @@ var confKeys = map[string]func(c *Conf, v string) error{
 //	history              events kept for History and Snapshot (Options.History)
 //	history_stacks       true | false (Options.HistoryStacks)
 //
-// Bytes are a whole number, optionally followed by a unit: B, KiB, MiB,
-// GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000); with a
-// unit the number may have a fraction ("1.5GiB"), rounded down to whole
-// bytes. A fraction of 0 selects the default, as in Options.
+// Bytes are a whole number, optionally followed by a unit, in any case:
+// B, KiB, MiB, GiB, TiB or K, M, G, T (powers of 1024), KB, MB, GB, TB
+// (powers of 1000); with a unit the number may have a fraction
+// ("1.5GiB"), rounded down to whole bytes (ParseBytes). A fraction of 0
+// selects the default, as in Options.
 //
 // Errors wrap ErrBadOptions and name the key or the malformed item: an
 // item without a colon, an empty key, an unknown key, a key given twice,
@@ -216,15 +217,33 @@ func parseBool(v string) (bool, error) {
 	return false, fmt.Errorf("want true or false")
 }
 
-// byteUnits are the units parseBytes accepts, in bytes.
+// byteUnits are the units ParseBytes accepts, lower-cased, in bytes.
 var byteUnits = map[string]uint64{
-	"B":   1,
-	"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
-	"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+	"b":   1,
+	"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+	"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
+	"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
 }
 
-// parseBytes parses a byte count: digits, or a number and a unit of
-// byteUnits.
+// byteUnitsText lists byteUnits for error messages.
+const byteUnitsText = "B, KiB, MiB, GiB, TiB (or K, M, G, T), KB, MB, GB, TB"
+
+// ParseBytes parses a byte count as TLSF_ALLOC_CONF, ParseConf and
+// tlsf-stress's flags write it: a whole number of bytes, or a number and
+// a unit, case-insensitive, with space between them or not: B; KiB, MiB,
+// GiB, TiB or K, M, G, T (powers of 1024); KB, MB, GB, TB (powers of
+// 1000). A number with a unit may have a decimal point ("1.5GiB"); the
+// bytes are rounded down. Errors (wrapping ErrBadOptions): no number, a
+// fraction without a unit, an unknown unit, a value of 2^64 bytes or more.
+func ParseBytes(v string) (uint64, error) {
+	n, err := parseBytes(strings.TrimSpace(v))
+	if err != nil {
+		return 0, fmt.Errorf("%w: byte count %q: %v", ErrBadOptions, v, err)
+	}
+	return n, nil
+}
+
+// parseBytes is ParseBytes with the bare reason as its error.
 func parseBytes(v string) (uint64, error) {
 	i := strings.IndexFunc(v, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
 	num, unit := v, ""
@@ -234,16 +253,22 @@ func parseBytes(v string) (uint64, error) {
 	if num == "" {
 		return 0, fmt.Errorf("want a byte count such as 1073741824 or 1GiB")
 	}
-	if unit == "" {
-		n, err := strconv.ParseUint(num, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("want a whole number of bytes, or a number and a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
+	mult := uint64(1)
+	if unit != "" {
+		var ok bool
+		if mult, ok = byteUnits[strings.ToLower(unit)]; !ok {
+			return 0, fmt.Errorf("unknown unit %q, want %s", unit, byteUnitsText)
 		}
-		return n, nil
 	}
-	mult, ok := byteUnits[unit]
-	if !ok {
-		return 0, fmt.Errorf("unknown unit %q, want B, KiB, MiB, GiB, TiB, KB, MB, GB or TB", unit)
+	if !strings.Contains(num, ".") {
+		n, err := strconv.ParseUint(num, 10, 64)
+		if err != nil || n > math.MaxUint64/mult {
+			return 0, fmt.Errorf("%q is not a whole number of bytes below 2^64", v)
+		}
+		return n * mult, nil
+	}
+	if unit == "" {
+		return 0, fmt.Errorf("want a whole number of bytes, or a number and a unit (%s)", byteUnitsText)
 	}
 	f, err := strconv.ParseFloat(num, 64)
 	if err != nil {

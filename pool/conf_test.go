@@ -2,6 +2,7 @@ package pool
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -76,10 +77,29 @@ func TestParseConfByteUnits(t *testing.T) {
 		"2GB":                  2e9,
 		"0.5KiB":               512,
 		"1.0001KB":             1000,
+		"8G":                   8 << 30,
+		"8g":                   8 << 30,
+		"8gib":                 8 << 30,
+		"8Gb":                  8e9,
+		"1.5 t":                3 << 39,
+		"16777215TiB":          1<<64 - 1<<40,
 	} {
 		c, err := ParseConf("max_bytes:" + in)
 		require.NoError(t, err, in)
 		require.Equal(t, want, c.Options.MaxBytes, in)
+	}
+}
+
+// ParseBytes is the syntax of ParseConf's byte counts, its errors
+// ErrBadOptions naming the input.
+func TestParseBytes(t *testing.T) {
+	n, err := ParseBytes(" 1.5GiB ")
+	require.NoError(t, err)
+	require.Equal(t, uint64(3<<29), n)
+	for _, bad := range []string{"", "GiB", "1.5", "-1", "8X", "16777216TiB", "1.5.1GiB"} {
+		_, err := ParseBytes(bad)
+		require.ErrorIs(t, err, ErrBadOptions, bad)
+		require.ErrorContains(t, err, fmt.Sprintf("%q", bad))
 	}
 }
 
@@ -108,6 +128,8 @@ func TestParseConfRejects(t *testing.T) {
 		{"max_bytes:GiB", `"max_bytes"`},
 		{"max_bytes:18446744073709551616", `"max_bytes"`},
 		{"max_bytes:99999999999TiB", `"max_bytes"`},
+		{"max_bytes:16777216TiB", `"max_bytes"`},
+		{"max_bytes:8X", `"max_bytes"`},
 		{"max_bytes:1.2.3GiB", `"max_bytes"`},
 		{"caches:yes", `"caches"`},
 		{"passthrough:1", `"passthrough"`},

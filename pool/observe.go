@@ -84,11 +84,13 @@ func (p *Pool) runOOMHook(size uint64) error {
 // the request, allocated and reserved bytes, the cap, the largest block
 // the pool could allocate now and the device's free memory, as this
 // request's growth attempt read it or else, in a pool with a heap, the
-// pool's last cuMemGetInfo did (the message says so, and the largest
-// block is then what the pool could allocate from the memory it holds,
-// within the cap): a request failed without a look at the device (at the
+// pool's last cuMemGetInfo did (the message says so, and that the
+// largest block assumes the device still has that much free; within the
+// cap either way): a request failed without a look at the device (at the
 // cap, or at a full device's limit) makes no driver call for its
-// message. A passthrough pool asks the driver: its failures are the
+// message. (It used to give the largest block from the memory the pool
+// held alone: 0 bytes for a pool 124 MiB below its cap that then served
+// 120 MiB at once.) A passthrough pool asks the driver: its failures are the
 // driver's own. Pool lock held.
 func (p *Pool) oomError(size uint64, cause error) error {
 	free, total := p.seen.free, p.total
@@ -107,7 +109,7 @@ func (p *Pool) oomError(size uint64, cause error) error {
 	}
 	largest, what := p.largestAllocatable(free), "largest block that could be allocated"
 	if when != "" {
-		largest, what = p.largestAllocatable(0), "largest block that could be allocated from the memory it holds"
+		what += " if the device's free memory is still the last look's"
 	}
 	space := ""
 	if p.pt == nil {

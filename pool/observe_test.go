@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/gpumem/tlsf/device/sim"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -255,6 +258,33 @@ func TestOutOfMemoryMessageDoesNotContradictItself(t *testing.T) {
 			require.Contains(t, msg, "largest block that could be allocated 1.00 GiB", msg)
 			require.Contains(t, msg, "device free 1.00 GiB")
 			d.sd.Vacate(3 * giB)
+			checkStep(t, p, d)
+		})
+	}
+}
+
+// A request failed at the cap without a look at the device used to
+// report the largest block from the memory the pool held alone: 0 bytes
+// for a pool with room below its cap, which the next request then used.
+func TestOutOfMemoryMessageCountsRoomBelowTheCap(t *testing.T) {
+	for _, be := range []Backend{BackendVMM, BackendChunks} {
+		t.Run(be.String(), func(t *testing.T) {
+			d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
+			p := openPool(t, d, Options{Backend: be, MaxBytes: giB})
+			_, err := p.Alloc(900 * miB)
+			require.NoError(t, err)
+			_, err = p.Alloc(200 * miB)
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			msg := err.Error()
+			require.Contains(t, msg, "cap 1.00 GiB", msg)
+			largest := regexp.MustCompile(`largest block that could be allocated[^;(]* ([0-9.]+) MiB`).FindStringSubmatch(msg)
+			require.NotNil(t, largest, msg)
+			mib, err := strconv.ParseFloat(largest[1], 64)
+			require.NoError(t, err)
+			assert.GreaterOrEqual(t, mib, 100.0, msg)
+			assert.LessOrEqual(t, mib, 124.0, msg)
+			_, err = p.Alloc(uint64(mib) * miB)
+			require.NoError(t, err, "the size the message gave: %s", msg)
 			checkStep(t, p, d)
 		})
 	}

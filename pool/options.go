@@ -286,7 +286,8 @@ type Options struct {
 // CacheOptions configure the per-P caches that serve small blocks without
 // taking the pool's lock.
 type CacheOptions struct {
-	// Disable turns the caches off: every request takes the lock.
+	// Disable turns the caches off: every request takes the lock. With
+	// Eager too, New returns ErrBadOptions.
 	Disable bool
 	// Eager turns the caches on from the start. Default false: a pool
 	// starts with its caches off (its requests take the lock and best
@@ -375,6 +376,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.History < 0 || o.History > MaxHistory {
 		return o, fmt.Errorf("%w: History %d, want 0 (off) to %d events", ErrBadOptions, o.History, MaxHistory)
+	}
+	if o.Cache.Eager && o.Cache.Disable {
+		return o, fmt.Errorf("%w: Cache.Eager and Cache.Disable both set (caches on from the start, and off)", ErrBadOptions)
 	}
 	if o.Cache.MaxSize == 0 {
 		o.Cache.MaxSize = defaultCacheMaxSize

@@ -53,6 +53,7 @@ class TlsfStats(ctypes.Structure):
         ("cap", ctypes.c_uint64),
         ("released", ctypes.c_uint64),
         ("device_calls_by_path", ctypes.c_uint64 * 6),
+        ("caches_on", ctypes.c_uint64),
     ]
 
     # TLSF_PATH_* in capi/tlsf.h, in order: the keys of

@@ -10,7 +10,10 @@ Two models, random weights, no network:
     varying 128-1024.
 
 Per model and allocator, each in its own process:
-  - median step time (ms) over the steps after the warm-up ones;
+  - median step time (ms) over the steps after the warm-up ones, and
+    against the native allocator the median of step-by-step ratios (all
+    runs follow one schedule of batch sizes, so step i is the same work
+    in each);
   - peak reserved bytes (PyTorch: torch.cuda.max_memory_reserved(); tlsf:
     its statistics, peak_reserved);
   - the largest batch that trains (4 steps with varying sizes, up to that
@@ -478,6 +481,17 @@ def _fmt_batch(st):
     return "%d (< %d)" % (st["good"], st["bad"])
 
 
+def step_ratio(res, base, warmup):
+    """The median over the steps after warmup of res's step time over
+    base's for the same step: every run follows one schedule, so step i
+    has the same batch in each, and a step-by-step ratio compares like
+    with like (the median step of a varying schedule may be another batch
+    size in each run). None where either run has no times."""
+    a, b = res.get("times", [])[warmup:], base.get("times", [])[warmup:]
+    r = [x / y for x, y in zip(a, b) if y > 0]
+    return statistics.median(r) if r else None
+
+
 def table(results, models, allocators, caps):
     gpu, torch_v = "", ""
     for byalloc in results["train"].values():
@@ -492,13 +506,15 @@ def table(results, models, allocators, caps):
     ]
     for m in models:
         tr = results["train"].get(m, {})
-        base_t = tr.get("native", {}).get("median_step_ms")
+        base = tr.get("native", {})
+        warmup = results["args"]["warmup"]
         base_r = tr.get("expandable", {}).get("peak_reserved")
         for a in allocators + (["native#2"] if "native" in allocators else []):
             res = tr.get(a)
             if res is None:
                 continue
             t = res.get("median_step_ms")
+            ratio = step_ratio(res, base, warmup) if res.get("status") == "ok" and base.get("status") == "ok" else None
             r = res.get("peak_reserved")
             st = results["bisect"].get(m, {}).get(a)
             cap = "%s (cap %.0f GiB)" % (_fmt_batch(st), caps[m] / GIB) if st else ""
@@ -509,7 +525,7 @@ def table(results, models, allocators, caps):
                     m,
                     a if res.get("status") == "ok" else "%s (%s)" % (a, res.get("status")),
                     "%.1f" % t if t else "-",
-                    "%+.1f%%" % (100 * (t / base_t - 1)) if t and base_t else "-",
+                    "%+.1f%%" % (100 * (ratio - 1)) if ratio else "-",
                     "%.2f" % (r / GIB) if r else "-",
                     "%+.1f%%" % (100 * (r / base_r - 1)) if r and base_r else "-",
                     cap,
@@ -523,6 +539,8 @@ def table(results, models, allocators, caps):
         "Under the cap: 4 steps of varying size up to the batch, each probe a fresh process;"
         " PyTorch's cap is set_per_process_memory_fraction(cap / total), tlsf's max_bytes.",
         "native#2 is a second run of the native allocator: whether the model is deterministic at all.",
+        "vs native: the median over the steps after %d of each step's time over the native allocator's for the same step"
+        " (the same batch), not the ratio of median steps, which may be steps of different batches." % results["args"]["warmup"],
         "",
     ]
     return "\n".join(lines)

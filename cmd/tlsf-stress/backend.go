@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -54,6 +55,40 @@ func parseBackends(list []string) ([]string, error) {
 	}
 	return out, nil
 }
+
+// passthroughForced reports whether the environment makes every pool
+// backend a passthrough one (pool.PassthroughEnv, TLSF_PASSTHROUGH=1,
+// read by pool.New): tlsf-stress then names the backends by what runs
+// (effectiveBackend), not by what --backend asked for.
+func passthroughForced() bool { return os.Getenv(pool.PassthroughEnv) == "1" }
+
+// effectiveBackend is the backend that runs for --backend name: with
+// TLSF_PASSTHROUGH=1 every pool backend (tlsf-vmm, tlsf-chunks and their
+// variants) runs as passthrough, so its figures are passthrough's and
+// carry its name; async is the driver's pool, which the variable does not
+// touch.
+func effectiveBackend(name string) string {
+	if name != backendAsync && passthroughForced() {
+		return backendPassthrough
+	}
+	return name
+}
+
+// effectiveBackends is effectiveBackend of each name of list, each
+// result once, in list order.
+func effectiveBackends(list []string) []string {
+	var out []string
+	for _, b := range list {
+		if e := effectiveBackend(b); !slices.Contains(out, e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// passthroughNote is printed to standard error when TLSF_PASSTHROUGH=1
+// changes what the pool backends are.
+const passthroughNote = pool.PassthroughEnv + "=1: every pool backend (tlsf-vmm, tlsf-chunks and their variants) runs, and is reported, as passthrough: a driver call per block"
 
 // allocator is what replays and stress runs drive: a pool, or the
 // driver's stream-ordered pool. Safe for concurrent use.

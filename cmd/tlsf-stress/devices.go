@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 
@@ -99,9 +98,10 @@ func (ds *devices) close() {
 	}
 }
 
-// sizeFlag is a byte count flag: a decimal integer with an optional
-// binary suffix (K, KiB, M, MiB, G, GiB, T, TiB; case-insensitive), or a
-// decimal number with a suffix (1.5GiB), rounded down to a byte.
+// sizeFlag is a byte count flag, as pool.ParseBytes reads it: a decimal
+// integer with an optional unit (binary K, KiB, M, MiB, G, GiB, T, TiB;
+// decimal KB, MB, GB, TB; B; case-insensitive), or a decimal number with
+// a unit (1.5GiB), rounded down to a byte.
 type sizeFlag uint64
 
 func (f *sizeFlag) String() string { return strconv.FormatUint(uint64(*f), 10) }
@@ -115,32 +115,14 @@ func (f *sizeFlag) Set(s string) error {
 	return nil
 }
 
-// parseBytes parses a byte count (see sizeFlag).
+// parseBytes parses a byte count (see sizeFlag): pool.ParseBytes, the
+// syntax of --conf and TLSF_ALLOC_CONF.
 func parseBytes(s string) (uint64, error) {
-	t := strings.ToLower(strings.TrimSpace(s))
-	mult, suffixed := uint64(1), false
-	for _, u := range []struct {
-		suffix string
-		shift  uint
-	}{{"kib", 10}, {"mib", 20}, {"gib", 30}, {"tib", 40}, {"k", 10}, {"m", 20}, {"g", 30}, {"t", 40}, {"b", 0}} {
-		if strings.HasSuffix(t, u.suffix) {
-			t, mult, suffixed = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), 1<<u.shift, true
-			break
-		}
+	n, err := pool.ParseBytes(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a byte count (a whole number, or a number with a unit: B, KiB, MiB, GiB, TiB or K, M, G, T, binary; KB, MB, GB, TB, decimal)", s)
 	}
-	if suffixed && strings.Contains(t, ".") {
-		// A decimal with a suffix: 1.5GiB, rounded down to a byte.
-		v, err := strconv.ParseFloat(t, 64)
-		if err != nil || !(v >= 0 && v*float64(mult) < math.MaxUint64) {
-			return 0, fmt.Errorf("%q is not a byte count (a number with an optional suffix KiB, MiB, GiB, TiB; decimals need a suffix)", s)
-		}
-		return uint64(v * float64(mult)), nil
-	}
-	n, err := strconv.ParseUint(t, 10, 64)
-	if err != nil || n > math.MaxUint64/mult {
-		return 0, fmt.Errorf("%q is not a byte count (a number with an optional suffix KiB, MiB, GiB, TiB; decimals need a suffix)", s)
-	}
-	return n * mult, nil
+	return n, nil
 }
 
 // capFlag is --cap and --max-live: bytes (see sizeFlag; 0: none), or a

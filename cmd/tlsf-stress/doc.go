@@ -25,11 +25,16 @@
 // sim_capacity --device's and --sim-capacity's, max_bytes and max_fraction
 // --cap's and multi's --fraction's; a backend's name wins over a key it
 // sets, as tlsf-vmm-goodfit's GoodFit; export makes no pool and ignores
-// it). Byte counts take the suffixes KiB, MiB, GiB, TiB (or K, M, G, T;
-// binary), with a decimal number where there is a suffix (1.5GiB). A cap
+// it). Byte counts are written as --conf writes them (pool.ParseBytes):
+// the suffixes KiB, MiB, GiB, TiB or K, M, G, T are binary, KB, MB, GB,
+// TB decimal, B bytes, in any case, with a decimal number where there is
+// a suffix (1.5GiB). A cap
 // written with a decimal point and no suffix, such as 0.5, is a fraction
 // of the device's total memory, in bytes (MaxBytes: it counts no context,
-// unlike multi's --fraction, a MaxFraction).
+// unlike multi's --fraction, a MaxFraction). With TLSF_PASSTHROUGH=1 in
+// the environment every pool backend runs as passthrough (pool.New reads
+// it): the command says so on standard error and reports those backends
+// as passthrough, once each.
 //
 // Without arguments the command replays every embedded trace with all
 // its backends on the GPU, or on the simulated device where there is

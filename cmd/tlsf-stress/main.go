@@ -125,7 +125,7 @@ trace: our best pool backend against the best peer. It is 'replay --min-cap'.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.device, "device", "", "cuda or sim (default: cuda where a CUDA driver and GPU are found, else sim)")
-	pf.Var(&g.simCapacity, "sim-capacity", "memory of the simulated GPU in bytes (suffixes KiB, MiB, GiB, TiB) (default: an H200's 143771 MiB)")
+	pf.Var(&g.simCapacity, "sim-capacity", "memory of the simulated GPU in bytes (suffixes KiB, MiB, GiB, TiB or K, M, G, T; KB, MB, GB, TB decimal) (default: an H200's 143771 MiB)")
 	pf.StringVar(&g.conf, "conf", "", "options of every pool backend, as TLSF_ALLOC_CONF gives them to the C ABI (e.g. release_fraction:0.05,wilderness:true; the keys capi/tlsf.h lists but backend, passthrough, device, sim_capacity, max_bytes and max_fraction, which other flags set)")
 	pf.BoolVar(&g.simRealTime, "sim-real-time", false, "the simulated GPU's driver calls take their modelled H200 durations in real time, so that processes sharing it interleave as on a GPU")
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
@@ -133,6 +133,9 @@ trace: our best pool backend against the best peer. It is 'replay --min-cap'.`,
 		g.conf = strings.TrimSpace(g.conf)
 		if g.pool, err = parseConf(g.conf); err != nil {
 			return err
+		}
+		if passthroughForced() && cmd.Name() != multiChildCmd {
+			fmt.Fprintln(cmd.ErrOrStderr(), "tlsf-stress:", passthroughNote)
 		}
 		if g.simCapacity > 0 && g.simCapacity < minSimCapacity {
 			return usagef("--sim-capacity %d: below the simulated GPU's allocation granularity of %d bytes (2 MiB), no pool could map a page", uint64(g.simCapacity), minSimCapacity)

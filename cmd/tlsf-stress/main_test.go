@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpumem/tlsf/internal/replay"
 	"github.com/gpumem/tlsf/internal/trace"
+	"github.com/gpumem/tlsf/pool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -255,6 +256,33 @@ func TestReplayConfSetsThePoolsOptions(t *testing.T) {
 	}
 }
 
+// TLSF_PASSTHROUGH=1 makes every pool backend a passthrough one
+// (pool.New reads it): results carry the name of what ran, a note says
+// why, and no verdict credits a pool backend with passthrough's figures.
+func TestPassthroughEnvNamesWhatRuns(t *testing.T) {
+	t.Setenv(pool.PassthroughEnv, "1")
+	out, errs, status := cli(t, "replay", "--device", "sim", "--json", "--backend", "tlsf-vmm,async,tlsf-chunks,passthrough", "lstm")
+	require.Equal(t, exitOK, status, errs)
+	assert.Contains(t, errs, passthroughNote)
+	var got []string
+	for _, r := range decodeReplay(t, out) {
+		got = append(got, r.Backend)
+	}
+	assert.Equal(t, []string{backendPassthrough, backendAsync}, got)
+	out, errs, status = cli(t, "replay", "--device", "sim", "--backend", "tlsf-vmm", "lstm")
+	require.Equal(t, exitOK, status, errs)
+	assert.NotContains(t, out, "verdict")
+	assert.NotContains(t, out, backendVMM)
+	out, errs, status = cli(t, "run", "--device", "sim", "--json", "--ops", "500", "--backend", "tlsf-chunks")
+	require.Equal(t, exitOK, status, errs)
+	assert.Equal(t, backendPassthrough, jsonLines(t, out)[0]["backend"])
+	out, errs, status = cli(t, "multi", "--device", "sim", "--json", "--ops", "200")
+	require.Equal(t, exitOK, status, errs)
+	for _, m := range jsonLines(t, out) {
+		assert.Equal(t, backendPassthrough, m["backend"])
+	}
+}
+
 // The driver's pool replays after every other backend, but results keep
 // the order of traces, then of --backend.
 func TestReplayKeepsTheOrderOfTracesAndBackends(t *testing.T) {
@@ -449,7 +477,7 @@ func TestParseBytesAndCaps(t *testing.T) {
 		{"4096", 4096, true}, {"2KiB", 2048, true}, {"3 MiB", 3 << 20, true}, {"1g", 1 << 30, true},
 		{"2TiB", 2 << 40, true}, {"7b", 7, true}, {"", 0, false}, {"-1", 0, false}, {"1.5GiB", 3 << 29, true},
 		{"0.5 k", 512, true}, {"1.5", 0, false}, {"1.5b", 1, true}, {"-1.5GiB", 0, false}, {"1.5.1GiB", 0, false},
-		{"99999999999TiB", 0, false}, {"99999999999.5TiB", 0, false},
+		{"99999999999TiB", 0, false}, {"99999999999.5TiB", 0, false}, {"8GB", 8e9, true}, {"8 kb", 8000, true},
 	} {
 		got, err := parseBytes(tc.in)
 		if tc.ok {

@@ -64,8 +64,8 @@ line:
   a ID SIZE STREAM   allocate SIZE bytes on STREAM (0: the default stream)
   f ID               free the block allocated as ID
 
-A cap (--cap) is bytes with an optional suffix (KiB, MiB, GiB, TiB; K, M, G,
-T; 1.5GiB with a suffix), or, written with a decimal point and no suffix, a
+A cap (--cap) is bytes with an optional suffix (KiB, MiB, GiB, TiB or K, M, G,
+T, binary; KB, MB, GB, TB, decimal; 1.5GiB with a suffix), or, written with a decimal point and no suffix, a
 fraction of the device's memory: --cap 0.5 is half of it, --cap 1 is one
 byte, --cap 0 is no cap.
 
@@ -179,6 +179,7 @@ func loadTrace(arg string) (*trace.Trace, error) {
 
 func runReplay(cmd *cobra.Command, g *globalFlags, o *replayOpts, args []string) error {
 	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	o.backends = effectiveBackends(o.backends)
 	traces := make([]*trace.Trace, 0, len(args))
 	for _, a := range args {
 		t, err := loadTrace(a)

@@ -74,6 +74,7 @@ func (w *workloadFlags) validate() error {
 	if !slices.Contains(allBackends, w.backend) {
 		return usagef("--backend %q: want one of %s", w.backend, strings.Join(allBackends, ", "))
 	}
+	w.backend = effectiveBackend(w.backend)
 	switch {
 	case w.goroutines < 1:
 		return usagef("--goroutines %d: want at least 1", w.goroutines)

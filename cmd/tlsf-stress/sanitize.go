@@ -60,13 +60,14 @@ compute-sanitizer --tool memcheck: the pool shows its heaps and blocks to the
 tool through the NVTX memory API, so the store past the end and the store
 after free are reported although both land in memory the pool holds.
 
-Cases: ` + strings.Join(sanitizeCases, ", ") + `.`,
+Cases: ` + strings.Join(sanitizeCases, ", ") + `; all is inside, past-end and
+after-free (leak and guard run only when named).`,
 		Args: wrapArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error { return runSanitize(cmd, g, o) },
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.backend, "backend", backendChunks, "pool backend: tlsf-vmm, tlsf-chunks or passthrough")
-	f.StringSliceVar(&o.cases, "case", []string{"all"}, "cases to run, in order: "+strings.Join(sanitizeCases, ", "))
+	f.StringSliceVar(&o.cases, "case", []string{"all"}, "cases to run, in order: "+strings.Join(sanitizeCases, ", ")+" (all: inside, past-end, after-free)")
 	f.Var(&o.size, "size", "block size in bytes")
 	f.Var(&o.guard, "guard", fmt.Sprintf("red zone of the guard case, bytes (1 to %d)", pool.MaxGuard))
 	return cmd
@@ -74,6 +75,7 @@ Cases: ` + strings.Join(sanitizeCases, ", ") + `.`,
 
 func runSanitize(cmd *cobra.Command, g *globalFlags, o *sanitizeOpts) error {
 	out := cmd.OutOrStdout()
+	o.backend = effectiveBackend(o.backend)
 	be, ok := poolBackend(o.backend)
 	if !ok {
 		return usagef("--backend %q: want tlsf-vmm, tlsf-chunks or passthrough", o.backend)

@@ -23,7 +23,11 @@ package sim
 // addresses near 0x7f0000000000, where the driver's pointers live on
 // x86-64 Linux; windows of different processes are disjoint, so a pointer
 // passed to the wrong process faults instead of hitting a stranger's
-// allocation. Linear allocations and VMM reservations both take ranges
+// allocation. Two GPUs made by separate New calls are separate machines:
+// each one's first process has the same window, so their pointers may be
+// equal (a test of a pointer from another pool's device needs NewProcess,
+// or NewHost for several GPUs of one machine, whose windows are
+// disjoint). Linear allocations and VMM reservations both take ranges
 // from one lowest-first-fit free list, so they never overlap and freed
 // ranges are reused low first, as the driver tends to.
 //
@@ -213,7 +217,8 @@ type Device struct {
 }
 
 // New returns the first process on a new simulated GPU configured by
-// cfg. It panics if cfg is inconsistent: a granularity, pitch alignment or
+// cfg, on a machine of its own: its address window is that of every
+// other New's first process (the package doc's "Address space"). It panics if cfg is inconsistent: a granularity, pitch alignment or
 // texture pitch alignment that is not a power of two, or a granularity
 // below 512 bytes.
 func New(cfg Config) *Device {
