@@ -1001,8 +1001,12 @@ func (c *cacheSet) giveBack(addr uint64, keep bool) error {
 // drainLocked empties every cache's stacks into the index: the
 // out-of-memory path, Trim and Close. With keep, blocks that cannot go
 // back stay cached (see giveBack); without (Close), they are dropped. It
-// returns the first error. Pool lock held.
+// returns the first error. Caches that never engaged hold nothing, and
+// it walks no P. Pool lock held.
 func (c *cacheSet) drainLocked(keep bool) error {
+	if !c.engaged() {
+		return nil
+	}
 	var first error
 	for _, a := range c.takeAll(nil) {
 		if err := c.giveBack(a, keep); err != nil && first == nil {
