@@ -16,6 +16,7 @@ static void call_free(uintptr_t ptr, size_t size, int dev, uintptr_t s) { tlsf_f
 static void call_record_stream(uintptr_t ptr, uintptr_t s) { tlsf_record_stream((void*)ptr, (void*)s); }
 static int call_get_stats(int dev, tlsf_stats* out, size_t size) { if (out) out->size = size; return tlsf_get_stats(dev, out); }
 static size_t released_offset(void) { return offsetof(tlsf_stats, released); }
+static size_t caches_on_offset(void) { return offsetof(tlsf_stats, caches_on); }
 */
 import "C"
 
@@ -81,6 +82,10 @@ const statsSize = C.sizeof_tlsf_stats
 // statsSizeBefore is sizeof(tlsf_stats) as a caller built against the
 // tlsf.h before released and device_calls_by_path knows it.
 var statsSizeBefore = uint64(C.released_offset())
+
+// statsSizeBeforeCachesOn is sizeof(tlsf_stats) as a caller built against
+// the tlsf.h before caches_on knows it.
+var statsSizeBeforeCachesOn = uint64(C.caches_on_offset())
 
 // The TLSF_PATH_* of tlsf.h, for tests.
 const (

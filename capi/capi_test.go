@@ -244,6 +244,14 @@ func TestStatsSize(t *testing.T) {
 	require.Zero(t, rc, lastError())
 	require.Equal(t, statsSizeBefore, s.Size)
 	require.Equal(t, uint64(0xdeadbeef), buf[statsSizeBefore/8], "half of released written")
+	// A caller built against the tlsf.h before caches_on gets every field
+	// up to device_calls_by_path, and caches_on left alone.
+	s, buf, rc = callGetStats(0, statsSizeBeforeCachesOn, false)
+	require.Zero(t, rc, lastError())
+	require.Equal(t, statsSizeBeforeCachesOn, s.Size)
+	require.Equal(t, uint64(statsSize)-8, statsSizeBeforeCachesOn, "caches_on is the last field")
+	require.NotZero(t, s.ByPath[pathAlloc]+s.ByPath[pathSetup])
+	require.Equal(t, uint64(0xdeadbeef), buf[statsSizeBeforeCachesOn/8], "caches_on written for an older caller")
 }
 
 // noPoolDevice is the simulated device no test makes a pool on.

@@ -3,6 +3,7 @@ package pool
 import (
 	"fmt"
 	"math"
+	"math/big"
 	"slices"
 	"strconv"
 	"strings"
@@ -263,20 +264,22 @@ func parseBytes(v string) (uint64, error) {
 	if !strings.Contains(num, ".") {
 		n, err := strconv.ParseUint(num, 10, 64)
 		if err != nil || n > math.MaxUint64/mult {
-			return 0, fmt.Errorf("%q is not a whole number of bytes below 2^64", v)
+			return 0, fmt.Errorf("want a whole number of bytes below 2^64")
 		}
 		return n * mult, nil
 	}
 	if unit == "" {
 		return 0, fmt.Errorf("want a whole number of bytes, or a number and a unit (%s)", byteUnitsText)
 	}
-	f, err := strconv.ParseFloat(num, 64)
-	if err != nil {
+	// Exact: "4.1GB" is 4,100,000,000 bytes, where a float64 gave one less.
+	r, ok := new(big.Rat).SetString(num) // digits and points only: no sign, exponent or base
+	if !ok {
 		return 0, fmt.Errorf("%q is not a number", num)
 	}
-	b := f * float64(mult)
-	if b >= math.MaxUint64 { // 2^64 as a float64: not representable
-		return 0, fmt.Errorf("above 2^64 bytes")
+	r.Mul(r, new(big.Rat).SetUint64(mult))
+	b := new(big.Int).Quo(r.Num(), r.Denom()) // rounded down: both are positive
+	if !b.IsUint64() {
+		return 0, fmt.Errorf("2^64 bytes or more")
 	}
-	return uint64(b), nil
+	return b.Uint64(), nil
 }

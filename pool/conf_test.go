@@ -83,6 +83,9 @@ func TestParseConfByteUnits(t *testing.T) {
 		"8Gb":                  8e9,
 		"1.5 t":                3 << 39,
 		"16777215TiB":          1<<64 - 1<<40,
+		"4.1GB":                4_100_000_000,
+		"0.1KB":                100,
+		"16777215.99999999TiB": 1<<64 - 1<<40 + 1_099_511_616_780,
 	} {
 		c, err := ParseConf("max_bytes:" + in)
 		require.NoError(t, err, in)

@@ -85,10 +85,11 @@ func (p *Pool) runOOMHook(size uint64) error {
 // the pool could allocate now and the device's free memory, as this
 // request's growth attempt read it or else, in a pool with a heap, the
 // pool's last cuMemGetInfo did (the message says so, and that the
-// largest block assumes the device still has that much free; within the
-// cap either way): a request failed without a look at the device (at the
-// cap, or at a full device's limit) makes no driver call for its
-// message. (It used to give the largest block from the memory the pool
+// largest block assumes the device still has that much free, or, on a
+// device the pool found full, no new memory past the limit it keeps
+// there: share.go; within the cap either way): a request failed without
+// a look at the device (at the cap, or at a full device's limit) makes
+// no driver call for its message. (It used to give the largest block from the memory the pool
 // held alone: 0 bytes for a pool 124 MiB below its cap that then served
 // 120 MiB at once.) A passthrough pool asks the driver: its failures are the
 // driver's own. Pool lock held.
@@ -107,17 +108,23 @@ func (p *Pool) oomError(size uint64, cause error) error {
 	if capped, c := p.capFrom(free); capped {
 		limit = "cap " + sizeString(c)
 	}
-	largest, what := p.largestAllocatable(free), "largest block that could be allocated"
+	largest, assumed := p.largestAllocatable(free), ""
 	if when != "" {
-		what += " if the device's free memory is still the last look's"
+		assumed = " if the device still has the free memory of the last look"
+		if p.full.on {
+			// A full device (share.go): without a look, no new memory
+			// past its limit.
+			largest = p.largestAllocatable(p.full.limit - min(p.full.limit, p.reserved()))
+			assumed = " without a new look at the full device"
+		}
 	}
 	space := ""
 	if p.pt == nil {
-		space = fmt.Sprintf(" (the index's largest free block: %s of address space)", sizeString(p.x.LargestFree()))
+		space = fmt.Sprintf("; the index's largest free block: %s of address space", sizeString(p.x.LargestFree()))
 	}
-	msg := fmt.Sprintf("request of %s; allocated %s, reserved %s (%s); %s %s%s; device free %s of %s%s",
+	msg := fmt.Sprintf("request of %s; allocated %s, reserved %s (%s); largest block that could be allocated %s (%s%s); device free %s of %s%s",
 		sizeString(size), sizeString(p.c.allocated), sizeString(p.reserved()), limit,
-		what, sizeString(largest), space, sizeString(free), sizeString(total), when)
+		sizeString(largest), "within the cap"+assumed, space, sizeString(free), sizeString(total), when)
 	p.logOOM(size, free, largest)
 	if isOOM(cause) {
 		return fmt.Errorf("%w: %s: %w", ErrOutOfMemory, msg, cause)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/device/sim"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -277,7 +278,9 @@ func TestOutOfMemoryMessageCountsRoomBelowTheCap(t *testing.T) {
 			require.ErrorIs(t, err, ErrOutOfMemory)
 			msg := err.Error()
 			require.Contains(t, msg, "cap 1.00 GiB", msg)
-			largest := regexp.MustCompile(`largest block that could be allocated[^;(]* ([0-9.]+) MiB`).FindStringSubmatch(msg)
+			require.Contains(t, msg, "at the pool's last look", "no look at the device for this request")
+			require.Contains(t, msg, "if the device still has the free memory of the last look", msg)
+			largest := regexp.MustCompile(`largest block that could be allocated ([0-9.]+) MiB`).FindStringSubmatch(msg)
 			require.NotNil(t, largest, msg)
 			mib, err := strconv.ParseFloat(largest[1], 64)
 			require.NoError(t, err)
@@ -288,6 +291,33 @@ func TestOutOfMemoryMessageCountsRoomBelowTheCap(t *testing.T) {
 			checkStep(t, p, d)
 		})
 	}
+}
+
+// On a device the pool found full (share.go), a request beyond 90% of
+// its cap fails without a look, whatever its size, for a while: its
+// message must not offer the last look's free memory, which the pool
+// will not ask for then.
+func TestOutOfMemoryMessageAtAFullDevicesLimit(t *testing.T) {
+	d := onSim(sim.New(sim.Config{Capacity: 4 * giB}))
+	p := openPool(t, d, Options{MaxBytes: giB, Cache: CacheOptions{Disable: true}})
+	_, err := p.Alloc(900 * miB)
+	require.NoError(t, err)
+	d.sd.FailRate(device.CallMemCreate, 1, device.ErrOutOfMemory) // the driver refuses: a full device
+	_, err = p.Alloc(60 * miB)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	d.sd.ClearFaults()
+	free, _, err := d.sd.MemGetInfo()
+	require.NoError(t, err)
+	require.NoError(t, d.sd.Occupy(free-50*miB))
+	_, err = p.Alloc(90 * miB) // looks, finds 50 MiB: the next ones skip the look
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	_, err = p.Alloc(30 * miB)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	msg := err.Error()
+	require.Contains(t, msg, "is not asked again for", msg)
+	require.Contains(t, msg, "largest block that could be allocated 0 bytes (within the cap without a new look at the full device", msg)
+	d.sd.Vacate(free - 50*miB)
+	checkStep(t, p, d)
 }
 
 func TestLoggerReceivesGrowthReleaseTrimAndOutOfMemory(t *testing.T) {

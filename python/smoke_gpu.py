@@ -45,6 +45,7 @@ def main():
     assert by_path["setup"] > 0 and by_path["alloc"] > 0, by_path
     assert tlsf_torch.device_calls() == st["device_calls"]
     assert tlsf_torch.device_calls("alloc", "cuMemMap") > 0
+    assert st["caches_on"] in (0, 1), st  # 1 once PyTorch's threads contended for the pool's lock
     expect = (c[:2, :2].cpu(), (a[:2] @ b[:, :2]).cpu())
     assert torch.allclose(*expect, rtol=1e-3, atol=1e-3), expect
 

@@ -93,6 +93,9 @@ def main():
     by_path = st["device_calls_by_path"]
     assert sum(by_path.values()) == st["device_calls"], st
     assert by_path["setup"] > 0 and by_path["alloc"] > 0 and by_path["trim"] > 0, by_path
+    # One thread never contends for the pool's lock: the caches stay off
+    # (tlsf_configure above leaves the default, caches:auto).
+    assert st["caches_on"] == 0, st
     assert tlsf_torch.device_calls() == st["device_calls"]
     assert tlsf_torch.device_calls("trim") == by_path["trim"]
     maps = [tlsf_torch.device_calls(p, "cuMemMap") for p in tlsf_torch.TlsfStats.PATHS]

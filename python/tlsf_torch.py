@@ -238,7 +238,8 @@ def stats(device=0):
     capi/tlsf.h); zeros for a device with no pool yet.
     ``device_calls_by_path`` is a dict of the driver calls by the part of
     the pool that made them ("alloc", "out_of_memory", ...; they sum to
-    ``device_calls``). Raises ValueError for a device that is no ordinal
+    ``device_calls``); ``caches_on`` is 1 once the per-thread caches serve
+    requests (caches:true, or threads contended for the pool's lock). Raises ValueError for a device that is no ordinal
     (0 to 63), RuntimeError when the library is not loaded or the call
     fails."""
     if _lib is None:

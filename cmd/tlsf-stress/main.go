@@ -134,7 +134,7 @@ trace: our best pool backend against the best peer. It is 'replay --min-cap'.`,
 		if g.pool, err = parseConf(g.conf); err != nil {
 			return err
 		}
-		if passthroughForced() && cmd.Name() != multiChildCmd {
+		if passthroughForced() && cmd.Name() != multiChildCmd && cmd.Name() != "export" {
 			fmt.Fprintln(cmd.ErrOrStderr(), "tlsf-stress:", passthroughNote)
 		}
 		if g.simCapacity > 0 && g.simCapacity < minSimCapacity {

@@ -281,6 +281,12 @@ func TestPassthroughEnvNamesWhatRuns(t *testing.T) {
 	for _, m := range jsonLines(t, out) {
 		assert.Equal(t, backendPassthrough, m["backend"])
 	}
+	out, errs, status = cli(t, "sanitize", "--device", "sim", "--case", "inside", "--backend", "tlsf-vmm")
+	require.Equal(t, exitOK, status, errs)
+	assert.Contains(t, out, "(passthrough)")
+	_, errs, status = cli(t, "export", "--out", t.TempDir(), "lstm")
+	require.Equal(t, exitOK, status, errs)
+	assert.NotContains(t, errs, passthroughNote, "export makes no pool")
 }
 
 // The driver's pool replays after every other backend, but results keep
