@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/gpumem/tlsf/tlsf"
 )
@@ -89,10 +90,10 @@ func (p *Pool) runOOMHook(size uint64) error {
 // device the pool found full, no new memory past the limit it keeps
 // there: share.go; within the cap either way): a request failed without
 // a look at the device (at the cap, or at a full device's limit) makes
-// no driver call for its message. (It used to give the largest block from the memory the pool
-// held alone: 0 bytes for a pool 124 MiB below its cap that then served
-// 120 MiB at once.) A passthrough pool asks the driver: its failures are the
-// driver's own. Pool lock held.
+// no driver call for its message. (It used to give the largest block
+// from the memory the pool held alone: 0 bytes for a pool 124 MiB below
+// its cap that then served 120 MiB at once.) A passthrough pool asks the
+// driver: its failures are the driver's own. Pool lock held.
 func (p *Pool) oomError(size uint64, cause error) error {
 	free, total := p.seen.free, p.total
 	when := ""
@@ -105,26 +106,32 @@ func (p *Pool) oomError(size uint64, cause error) error {
 		}
 	}
 	limit := "no cap"
+	var terms []string // what the largest block assumes
 	if capped, c := p.capFrom(free); capped {
 		limit = "cap " + sizeString(c)
+		terms = append(terms, "within the cap")
 	}
-	largest, assumed := p.largestAllocatable(free), ""
+	largest := p.largestAllocatable(free)
 	if when != "" {
-		assumed = " if the device still has the free memory of the last look"
+		terms = append(terms, "if the device still has the free memory of the last look")
 		if p.full.on {
 			// A full device (share.go): without a look, no new memory
 			// past its limit.
 			largest = p.largestAllocatable(p.full.limit - min(p.full.limit, p.reserved()))
-			assumed = " without a new look at the full device"
+			terms[len(terms)-1] = "without a new look at the full device"
 		}
+	}
+	if len(terms) > 0 {
+		terms[0] = " (" + terms[0]
+		terms[len(terms)-1] += ")"
 	}
 	space := ""
 	if p.pt == nil {
 		space = fmt.Sprintf("; the index's largest free block: %s of address space", sizeString(p.x.LargestFree()))
 	}
-	msg := fmt.Sprintf("request of %s; allocated %s, reserved %s (%s); largest block that could be allocated %s (%s%s); device free %s of %s%s",
+	msg := fmt.Sprintf("request of %s; allocated %s, reserved %s (%s); largest block that could be allocated %s%s%s; device free %s of %s%s",
 		sizeString(size), sizeString(p.c.allocated), sizeString(p.reserved()), limit,
-		sizeString(largest), "within the cap"+assumed, space, sizeString(free), sizeString(total), when)
+		sizeString(largest), strings.Join(terms, ", "), space, sizeString(free), sizeString(total), when)
 	p.logOOM(size, free, largest)
 	if isOOM(cause) {
 		return fmt.Errorf("%w: %s: %w", ErrOutOfMemory, msg, cause)

@@ -279,7 +279,7 @@ func TestOutOfMemoryMessageCountsRoomBelowTheCap(t *testing.T) {
 			msg := err.Error()
 			require.Contains(t, msg, "cap 1.00 GiB", msg)
 			require.Contains(t, msg, "at the pool's last look", "no look at the device for this request")
-			require.Contains(t, msg, "if the device still has the free memory of the last look", msg)
+			require.Contains(t, msg, "(within the cap, if the device still has the free memory of the last look)", msg)
 			largest := regexp.MustCompile(`largest block that could be allocated ([0-9.]+) MiB`).FindStringSubmatch(msg)
 			require.NotNil(t, largest, msg)
 			mib, err := strconv.ParseFloat(largest[1], 64)
@@ -315,7 +315,7 @@ func TestOutOfMemoryMessageAtAFullDevicesLimit(t *testing.T) {
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	msg := err.Error()
 	require.Contains(t, msg, "is not asked again for", msg)
-	require.Contains(t, msg, "largest block that could be allocated 0 bytes (within the cap without a new look at the full device", msg)
+	require.Contains(t, msg, "largest block that could be allocated 0 bytes (within the cap, without a new look at the full device)", msg)
 	d.sd.Vacate(free - 50*miB)
 	checkStep(t, p, d)
 }

@@ -64,10 +64,10 @@ line:
   a ID SIZE STREAM   allocate SIZE bytes on STREAM (0: the default stream)
   f ID               free the block allocated as ID
 
-A cap (--cap) is bytes with an optional suffix (KiB, MiB, GiB, TiB or K, M, G,
-T, binary; KB, MB, GB, TB, decimal; 1.5GiB with a suffix), or, written with a decimal point and no suffix, a
-fraction of the device's memory: --cap 0.5 is half of it, --cap 1 is one
-byte, --cap 0 is no cap.
+A cap (--cap) is bytes with an optional suffix (KiB, MiB, GiB, TiB or K, M,
+G, T, binary; KB, MB, GB, TB, decimal; 1.5GiB with a suffix), or, written
+with a decimal point and no suffix, a fraction of the device's memory:
+--cap 0.5 is half of it, --cap 1 is one byte, --cap 0 is no cap.
 
 The table's "measured" column says where each row comes from: this run, or
 the peers' figures recorded on an H200 (baseline.json). A failed replay's
