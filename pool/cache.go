@@ -379,8 +379,9 @@ func exactClasses(x *tlsf.Index, maxSize uint64, goodFit bool) bool {
 // (1.0203, PyTorch's expandable segments' figure to the byte) and 0.0002
 // on mobilenet, the rest the same: all nine traces at or below
 // expandable segments. Where goroutines contend for the pool's lock, the
-// caches are what keeps small requests from queueing on it. So by default (CacheOptions.Eager false) a pool starts
-// with its caches off and engages them, for good, once the lock is
+// caches are what keeps small requests from queueing on it. So by
+// default (CacheOptions.Eager false) a pool starts with its caches off
+// and engages them, for good, once the lock is
 // contended: contentionEngage acquisitions on the alloc and free paths
 // found it held by another alloc or free within contentionWindow locked
 // operations. Work that is neither (Stats, Check, Size, Trim, Snapshot,
@@ -530,11 +531,9 @@ func (pc *pcache) lastOut(m uint32) bool {
 // waits, and testHookEngaged when the caches engage. These paths are
 // rare.
 var (
-	testHookScannedP func(i int)
-	testHookLastFree func()
-	testHookEngaged  func()
-	// testHookContended runs in lockContended before it waits for the
-	// lock.
+	testHookScannedP  func(i int)
+	testHookLastFree  func()
+	testHookEngaged   func()
 	testHookContended func()
 )
 

@@ -120,9 +120,10 @@ type Options struct {
 	// halved each time large ones kept it from moving enough memory (a
 	// pool with a cap as well maps one-page handles, or a 2048th of the
 	// cap under a MaxFraction of one half or less: on lstm and tdnn 6 to
-	// 11 times the driver time below cold, 6 to 7 times warm), and memory moves between steps where
-	// fragmentation would otherwise grow the range: on an H200 a handle
-	// moved costs about 50 µs (cuMemUnmap, cuMemMap, cuMemSetAccess).
+	// 11 times the driver time below cold, 6 to 7 times warm), and memory
+	// moves between steps where fragmentation would otherwise grow the
+	// range: on an H200 a handle moved costs about 50 µs (cuMemUnmap,
+	// cuMemMap, cuMemSetAccess).
 	// Measured on the simulated H200 (2026-12-07, one goroutine, so the
 	// caches off; peak reserved over peak live after a cold and ten warm
 	// replays; the modelled driver time per operation of the cold replay ·
