@@ -43,15 +43,19 @@ gpu: capi
 		GOOS=linux GOARCH=amd64 CGO_ENABLED=0 $(GO) test -c -o bin/$$(basename $$p).test ./$$p || exit 1; \
 	done
 
-# The C ABI needs cgo (this package only) and gcc.
+# The C ABI needs cgo (this package only) and gcc; the version script
+# keeps the library's exports to tlsf.h's functions (capi/doc.go).
 CC ?= gcc
 capi:
 	mkdir -p bin
-	GOOS=linux GOARCH=amd64 CGO_ENABLED=1 $(GO) build -buildmode=c-shared -o bin/libtlsf.so ./capi
+	GOOS=linux GOARCH=amd64 CGO_ENABLED=1 $(GO) build -buildmode=c-shared -ldflags="-extldflags=-Wl,--version-script=$(CURDIR)/capi/exports.map" -o bin/libtlsf.so ./capi
 	$(CC) -O2 -Wall -Werror -o bin/tlsf-example capi/example/example.c -Icapi -Lbin -ltlsf -lpthread -Wl,-rpath,'$$ORIGIN'
 	$(CC) -O2 -Wall -Werror -o bin/tlsf-late-env capi/example/late_env.c -Icapi -Lbin -ltlsf -Wl,-rpath,'$$ORIGIN'
 
 capi-example: capi
+	@# The library exports tlsf.h's functions and no other code (capi/exports.map).
+	@if nm -D --defined-only bin/libtlsf.so | awk '$$2 == "T" { print $$3 }' | grep -v '^tlsf_'; then \
+		echo "bin/libtlsf.so exports the functions above, outside tlsf.h"; exit 1; fi
 	TLSF_ALLOC_CONF=device:sim bin/tlsf-example
 	env -u TLSF_ALLOC_CONF bin/tlsf-late-env
 	if command -v python3 >/dev/null; then python3 python/smoke_sim.py bin/libtlsf.so; fi

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/gpumem/tlsf/device"
@@ -60,9 +61,22 @@ func syncEnv() {
 
 // setError leaves fn's failure as the calling thread's message.
 func setError(fn string, err error) {
-	msg := fn + ": " + err.Error()
+	msg := clip(fn+": "+err.Error(), C.TLSF_ERROR_MAX-1)
 	// The bytes are copied into the thread's buffer before the call returns.
 	C.tlsf_set_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+}
+
+// clip cuts msg to at most n bytes at the start of a UTF-8 character, so
+// that a message the thread's buffer (TLSF_ERROR_MAX bytes with its NUL)
+// cuts short stays valid UTF-8.
+func clip(msg string, n int) string {
+	if len(msg) <= n {
+		return msg
+	}
+	for n > 0 && !utf8.RuneStart(msg[n]) {
+		n--
+	}
+	return msg[:n]
 }
 
 // guard turns a panic in fn (a bug) into a message instead of a crash of

@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/pool"
@@ -217,6 +218,28 @@ func withoutReleasable(s stats) stats {
 }
 
 // tlsf_get_stats fills at most out->size bytes and says how many.
+// A message longer than the thread's buffer is cut at the start of a
+// UTF-8 character, so that C callers (and Python's decoding) get valid
+// UTF-8.
+func TestMessagesAreCutAtACharacter(t *testing.T) {
+	for _, tc := range []struct {
+		msg  string
+		n    int
+		want string
+	}{
+		{"abc", 5, "abc"},
+		{"abc", 3, "abc"},
+		{"abcd", 3, "abc"},
+		{"ab×", 3, "ab"}, // × is two bytes
+		{"ab×", 4, "ab×"},
+		{"×", 1, ""},
+	} {
+		got := clip(tc.msg, tc.n)
+		require.Equal(t, tc.want, got, "clip(%q, %d)", tc.msg, tc.n)
+		require.True(t, utf8.ValidString(got))
+	}
+}
+
 func TestStatsSize(t *testing.T) {
 	s, buf, rc := callGetStats(0, 16, false)
 	require.Zero(t, rc, lastError())

@@ -1,9 +1,13 @@
 //go:build cgo
 
 // Command capi is the C ABI of the pool, built as a shared library
-// (go build -buildmode=c-shared -o bin/libtlsf.so ./capi; make capi) for C
-// and C++ programs and for PyTorch's pluggable allocator
-// (python/tlsf_torch.py). tlsf.h documents every function.
+// (make capi: go build -buildmode=c-shared -o bin/libtlsf.so ./capi, with
+// the linker's version script capi/exports.map, so that the library
+// exports the functions tlsf.h declares and nothing else: not the Go
+// side's entry points, nor the Go runtime's C symbols) for C and C++
+// programs and for PyTorch's pluggable allocator (python/tlsf_torch.py).
+// tlsf.h documents every function. (cgo refuses the version script as a
+// #cgo LDFLAGS flag: the Makefile passes it with -extldflags.)
 //
 // # Layout
 //

@@ -17,8 +17,9 @@ static __thread char tlsf_errbuf[TLSF_ERROR_MAX];
  * Go runtime's copy dates from when the library was loaded. */
 __attribute__((visibility("hidden"))) const char* tlsf_getenv(const char* key) { return getenv(key); }
 
-/* Internal (capi.go calls it): hidden, so that the shared library exports
- * only the functions tlsf.h declares under the tlsf_ prefix. */
+/* Internal (capi.go calls it): hidden, so that no build of the shared
+ * library exports it (make capi's version script, capi/exports.map,
+ * exports only the functions tlsf.h declares). */
 __attribute__((visibility("hidden"))) void tlsf_set_error(const char* msg, size_t n) {
 	if (msg == NULL) {
 		n = 0;

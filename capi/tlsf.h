@@ -26,9 +26,11 @@
  * Errors. No function aborts or exits the process, whatever it is passed.
  * A failed call leaves every pool's allocations and statistics as they
  * were, apart from the counters of driver calls and out-of-memory events
- * (num_ooms, device_calls, device_calls_by_path) and the release of unused
+ * (num_ooms, device_calls, device_calls_by_path), the release of unused
  * cached memory that the out-of-memory path performs before giving up
- * (reserved and cached may drop, active with cached, released grow).
+ * (reserved and cached may drop, active with cached, released grow), and
+ * its wait for pending stream-ordered frees (active drops as they
+ * complete).
  *
  * Streams. A stream argument is a CUstream / cudaStream_t (NULL: the
  * legacy default stream). Memory freed on a stream may be reused at once
@@ -161,8 +163,11 @@ void tlsf_free(void* ptr, size_t size, int device, void* stream);
 /*
  * tlsf_init: PyTorch's init hook, called with the number of devices when
  * CUDA is initialised. Pools are made lazily, so this only checks the
- * configuration (parsing TLSF_ALLOC_CONF if tlsf_configure was not called)
- * and, when that fails, sets the message.
+ * configuration (parsing TLSF_ALLOC_CONF if tlsf_configure was not called:
+ * its syntax and the range of each value) and, when that fails, sets the
+ * message. Values that are wrong only for a device (a cap below its
+ * allocation granularity, an initial reserve above the cap) fail when the
+ * device's pool is made, at its first tlsf_malloc.
  */
 void tlsf_init(int device_count);
 

@@ -32,7 +32,8 @@ import (
 //     virtual range) or, while faults were injected, the driver's error;
 //   - a misuse error changes no statistic but the counters of device
 //     calls, out-of-memory events and retries; any other failure changes
-//     no live allocation and no counter of allocations and frees;
+//     no live allocation and no counter of allocations and frees, and,
+//     before any fault, raises neither reserved memory nor its peak;
 //   - no two live blocks overlap, and every live block still holds the
 //     pattern written into it at allocation (checked before it is freed,
 //     and for all live blocks after each trim);
@@ -506,6 +507,13 @@ func (run *poolRun) failed(name string, err error, before pool.Stats) {
 	}
 	if view(after) != view(before) {
 		t.Fatalf("%s failed with %v but changed live allocations:\nbefore %+v\nafter  %+v", name, err, before, after)
+	}
+	// Nor does it leave the pool more memory, or a higher peak of it
+	// (Pool.allocMiss gives back what a growth for it kept), where no
+	// driver call failed that could keep that memory from going back.
+	if !run.faulted && (after.Reserved > before.Reserved || after.ReservedPeak > before.ReservedPeak) {
+		t.Fatalf("%s failed with %v but raised reserved memory: %d to %d, peak %d to %d", name, err,
+			before.Reserved, after.Reserved, before.ReservedPeak, after.ReservedPeak)
 	}
 }
 

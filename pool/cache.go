@@ -357,7 +357,9 @@ func exactClasses(x *tlsf.Index, maxSize uint64, goodFit bool) bool {
 		return true
 	}
 	cl := x.Classes()
-	for r := uint64(indexGranularity); r <= roundUp(maxSize, indexGranularity); r += indexGranularity {
+	// Clamped as newCacheSet clamps it: rounding a MaxSize within 255
+	// bytes of 2^64 up would wrap to 0 and skip the loop.
+	for r := uint64(indexGranularity); r <= roundUp(min(maxSize, tlsf.MaxSize), indexGranularity); r += indexGranularity {
 		if _, got := cl.SizeClass(r); got != r {
 			return false
 		}

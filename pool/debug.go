@@ -57,6 +57,13 @@ type debugLayer struct {
 	// user is the bytes of live blocks at the block size of their request
 	// (pitch × height for pitch allocations); userPeak its peak.
 	user, userPeak uint64
+	// blocks is the live blocks the layer knows; blocksPeak its peak.
+	blocks, blocksPeak int64
+	// undone counts the allocations alloc took back (undo), by size
+	// bucket in undoneBySize: each was an allocation and a free of the
+	// pool's that the caller never saw.
+	undone       uint64
+	undoneBySize [NumSizeBuckets]uint64
 }
 
 // debugBlock is one live block the layer knows.
@@ -134,7 +141,7 @@ func (d *debugLayer) alloc(size uint64, s device.Stream) (uintptr, error) {
 	if d.guard > 0 {
 		if err := d.lockedGuard(func() error { return d.guardFill(ptr, size, s) }); err != nil {
 			if !errors.Is(err, ErrClosed) {
-				_ = p.freeUnchecked(ptr, s)
+				d.undo(ptr, size+d.guard, s)
 			}
 			return 0, err
 		}
@@ -181,6 +188,36 @@ func (d *debugLayer) notePitch(ptr uintptr, size uint64) {
 	d.add(ptr, debugBlock{size: size, user: size, pitch: true})
 }
 
+// undo frees the block at ptr, allocated for a request of size bytes on
+// stream s, that alloc cannot hand out (the fill of its red zone failed:
+// a stream the device refuses), and takes the allocation and the free off
+// the counters Stats gives (Allocs, Frees, AllocsBySize), so that the
+// failed call changes none of them; the peaks are the layer's own, which
+// never counted the block (adjustStats). The free is ordered on s as any
+// free is; where s refuses it too, on the default stream (the failed fill
+// queued nothing on the block). Should both fail, the block stays
+// allocated in the pool, and counted so.
+func (d *debugLayer) undo(ptr uintptr, size uint64, s device.Stream) {
+	p := d.p
+	r := p.blockSize(size, s)
+	if err := p.freeUnchecked(ptr, s); err != nil && (s == 0 || p.freeUnchecked(ptr, 0) != nil) {
+		return
+	}
+	// A pool with several streams holds the block until its stream's
+	// event completes: poll at once, so that a stream the device refuses
+	// (forgotten, its blocks taken back: streams.go) or one with no work
+	// queued gives it back now.
+	p.lockAside()
+	if !p.closed {
+		_ = p.pollPending(false)
+	}
+	p.unlockAside()
+	d.mu.Lock()
+	d.undone++
+	d.undoneBySize[sizeBucket(r)]++
+	d.mu.Unlock()
+}
+
 func (d *debugLayer) add(ptr uintptr, b debugBlock) {
 	d.mu.Lock()
 	if d.closed { // Close ran since the block was filled: it is gone
@@ -191,6 +228,8 @@ func (d *debugLayer) add(ptr uintptr, b debugBlock) {
 	d.extra += b.extra
 	d.user += b.user
 	d.userPeak = max(d.userPeak, d.user)
+	d.blocks++
+	d.blocksPeak = max(d.blocksPeak, d.blocks)
 	d.mu.Unlock()
 }
 
@@ -267,6 +306,7 @@ func (d *debugLayer) free(ptr uintptr, s device.Stream) error {
 	if !d.closed {
 		d.extra -= b.extra
 		d.user -= b.user
+		d.blocks--
 	}
 	d.mu.Unlock()
 	return nil
@@ -287,12 +327,22 @@ func (d *debugLayer) lockedGuard(f func() error) error {
 // adjustStats takes red zones out of a snapshot: Allocated and Active
 // drop by the red-zone bytes of live blocks; AllocatedPeak is the
 // layer's own peak of live bytes without red zones, and ActivePeak drops
-// by as much as AllocatedPeak did. Pool lock held.
+// by as much as AllocatedPeak did; AllocationsPeak is the layer's peak of
+// live blocks. It also takes the allocations undo took back off Allocs,
+// Frees and AllocsBySize. Pool lock held.
 func (d *debugLayer) adjustStats(s *Stats) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	s.Allocs -= min(d.undone, s.Allocs)
+	s.Frees -= min(d.undone, s.Frees)
+	for i, n := range d.undoneBySize {
+		s.AllocsBySize[i] -= min(n, s.AllocsBySize[i])
+	}
 	if d.guard == 0 {
 		return
+	}
+	if d.blocksPeak < s.AllocationsPeak {
+		s.AllocationsPeak = max(d.blocksPeak, s.Allocations)
 	}
 	// A free in flight may have left the pool's counters already and the
 	// layer's not yet: never go below zero.
@@ -310,7 +360,7 @@ func (d *debugLayer) adjustStats(s *Stats) {
 func (d *debugLayer) forget() {
 	d.mu.Lock()
 	clear(d.live)
-	d.extra, d.user = 0, 0
+	d.extra, d.user, d.blocks = 0, 0, 0
 	d.closed = true
 	d.mu.Unlock()
 }

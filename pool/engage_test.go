@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"math"
 	"sync"
 	"testing"
 
@@ -141,6 +142,10 @@ func TestCachesStayOffWithEitherKindOfDisable(t *testing.T) {
 	// coarser than best fit's rounding, so the caches are on from New.
 	q := openPool(t, onSim(sim.New(sim.Config{Capacity: giB})), Options{Cache: CacheOptions{MaxSize: miB}})
 	require.True(t, q.Stats().CachesOn)
+	// So with the largest MaxSize, which rounded up to 256 bytes wrapped
+	// to 0 and left them off.
+	m := openPool(t, onSim(sim.New(sim.Config{Capacity: giB})), Options{Cache: CacheOptions{MaxSize: math.MaxUint64}})
+	require.True(t, m.Stats().CachesOn)
 	// Good fit rounds every block to its class: auto as the default.
 	g := openPool(t, onSim(sim.New(sim.Config{Capacity: giB})), Options{GoodFit: true})
 	require.False(t, g.Stats().CachesOn)

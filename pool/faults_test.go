@@ -23,7 +23,8 @@ import (
 //   - no panic, and p.Check passes;
 //   - no byte of accounting is lost: Stats.Reserved equals what the
 //     device holds for the pool (sim.Device.Mapped; a passthrough pool's linear
-//     bytes), and Allocated and Allocations equal the live blocks;
+//     bytes), Allocated and Allocations equal the live blocks, and no
+//     peak is below its figure;
 //   - a failed call returns ErrOutOfMemory or the driver's error, and
 //     leaves every live block live;
 //   - no live block is clobbered (each is filled with its own pattern and
@@ -181,6 +182,50 @@ func TestFreeMemoryShrinksBetweenQueryAndAllocation(t *testing.T) {
 				cp.recover()
 			})
 		}
+	}
+}
+
+// A growth whose mapping fails after the pages were mapped, and whose
+// undo fails too, leaves them mapped (strays, counted as reserved until a
+// later unmap succeeds). The failed request then gives them back (it
+// leaves the pool no more memory than before, Pool.allocMiss), except
+// where OnOutOfMemory is set, whose hook may grow the pool: there the
+// peak of reserved memory counts them, as every peak counts what its
+// figure does.
+func TestAFailedMappingLeftMappedIsGivenBackOrCounted(t *testing.T) {
+	for _, hook := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hook=%v", hook), func(t *testing.T) {
+			sd := sim.New(sim.Config{Capacity: 1 << 30})
+			o := pool.Options{Backend: pool.BackendVMM}
+			if hook {
+				o.OnOutOfMemory = func(uint64) {}
+			}
+			p, err := pool.New(sd, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			sd.FailNth(device.CallMemSetAccess, 1, nil) // the growth fails after mapping
+			sd.FailNth(device.CallMemUnmap, 1, nil)     // and its undo with it
+			if _, err := p.Alloc(8 << 20); !errors.Is(err, device.ErrInjected) {
+				t.Fatalf("Alloc: %v, want the injected failure", err)
+			}
+			if err := p.Check(); err != nil {
+				t.Fatal(err)
+			}
+			st := p.Stats()
+			if st.Reserved != sd.Mapped() {
+				t.Fatalf("Reserved %d, the device holds %d", st.Reserved, sd.Mapped())
+			}
+			switch {
+			case !hook && (st.Reserved != 0 || st.ReservedPeak != 0):
+				t.Fatalf("Reserved %d, peak %d: the failed request left memory", st.Reserved, st.ReservedPeak)
+			case hook && st.Reserved == 0:
+				t.Fatal("nothing left mapped: the case this test is for did not happen")
+			case st.ReservedPeak < st.Reserved:
+				t.Fatalf("ReservedPeak %d below Reserved %d", st.ReservedPeak, st.Reserved)
+			}
+		})
 	}
 }
 
@@ -429,6 +474,13 @@ func (cp *campaign) check(step int) {
 	}
 	if st.Allocated != allocated || st.Allocations != int64(len(cp.live)) {
 		t.Fatalf("step %d: Allocated %d in %d; live blocks hold %d in %d", step, st.Allocated, st.Allocations, allocated, len(cp.live))
+	}
+	// Every peak at least the figure now: a mapping that failed and whose
+	// undo failed too leaves pages mapped (strays), counted as reserved,
+	// and raised no peak before noteMapping noted it.
+	if st.ReservedPeak < st.Reserved || st.AllocatedPeak < st.Allocated || st.ActivePeak < st.Active || st.AllocationsPeak < st.Allocations {
+		t.Fatalf("step %d: a peak below its figure: reserved %d/%d, allocated %d/%d, active %d/%d, allocations %d/%d", step,
+			st.ReservedPeak, st.Reserved, st.AllocatedPeak, st.Allocated, st.ActivePeak, st.Active, st.AllocationsPeak, st.Allocations)
 	}
 	if v := cp.sd.Violations(); len(v) > 0 {
 		t.Fatalf("step %d: Sim violations: %q", step, v)

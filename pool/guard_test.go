@@ -326,3 +326,54 @@ func TestGuardCloseWaitsForARedZoneInFlight(t *testing.T) {
 		}
 	}
 }
+
+// A request whose red zone cannot be filled (its stream refused, or the
+// fill's driver call failed) fails and changes no statistic: the layer
+// frees the block it got and takes that allocation and free off the
+// counters (debugLayer.undo). Before, each such failure counted an
+// allocation and a free, and, on a stream the device refuses, left the
+// block pending there (active and reserved up until a Trim).
+func TestGuardFillFailureChangesNoStatistic(t *testing.T) {
+	type view struct {
+		allocs, frees              uint64
+		allocated, allocatedPeak   uint64
+		allocations, allocationsPk int64
+		bySize                     [NumSizeBuckets]uint64
+		active, pending            uint64
+	}
+	look := func(s Stats) view {
+		return view{s.Allocs, s.Frees, s.Allocated, s.AllocatedPeak, s.Allocations, s.AllocationsPeak, s.AllocsBySize, s.Active, s.Pending}
+	}
+	for _, o := range guardConfigs(32) {
+		for _, cause := range []string{"unknown stream", "fill fails"} {
+			t.Run(guardName(o)+"/"+cause, func(t *testing.T) {
+				p, sd, d := openGuarded(t, o)
+				keep, err := p.Alloc(4096)
+				require.NoError(t, err)
+				before := p.Stats()
+				s := device.Stream(0)
+				if cause == "unknown stream" {
+					s = device.Stream(0x1234) // never created: the simulated device refuses it
+				} else {
+					sd.FailNth(device.CallMemsetD8Async, 1, nil)
+				}
+				for _, size := range []uint64{1000, 64 * miB} {
+					_, err := p.AllocOn(size, s)
+					require.Error(t, err)
+					checkStep(t, p, d)
+					require.Equal(t, look(before), look(p.Stats()), "after a failed request of %d bytes: %v", size, err)
+					if cause == "fill fails" {
+						sd.FailNth(device.CallMemsetD8Async, 1, nil)
+					}
+				}
+				sd.ClearFaults()
+				require.NoError(t, p.Free(keep))
+				_, err = p.Trim()
+				require.NoError(t, err)
+				st := p.Stats()
+				require.Zero(t, st.Active)
+				require.Zero(t, st.Allocations)
+			})
+		}
+	}
+}

@@ -254,17 +254,17 @@ type Options struct {
 	// an allocation fails with ErrOutOfMemory: after the pool has flushed
 	// its caches, waited for pending frees and moved what the request
 	// needs, or at once when the same request failed just before with no
-	// free since (share.go). The pool's lock is not held: the hook may
-	// free memory (run the Go GC and finalizers that free device memory,
-	// drop caches of its own) and may call the pool. The pool then retries
-	// once (flush, wait, move, search, grow) and fails only if that fails
-	// too. It may be called from several goroutines at once, up to 1024
-	// calls at a time (maxOOMHooks): a hook that allocates from the pool
-	// and fails calls itself again, as deep as that, and a request that
-	// fails beyond it fails without calling the hook. It is not
-	// called for a request that can never succeed (its block above the
-	// cap or the device's total memory), which fails at once, nor by a
-	// passthrough pool's AllocPitch.
+	// free since, into the pool or its caches (share.go). The pool's lock
+	// is not held: the hook may free memory (run the Go GC and finalizers
+	// that free device memory, drop caches of its own) and may call the
+	// pool. The pool then retries once (flush, wait, move, search, grow)
+	// and fails only if that fails too. It may be called from several
+	// goroutines at once, up to 1024 calls at a time (maxOOMHooks): a hook
+	// that allocates from the pool and fails calls itself again, as deep
+	// as that, and a request that fails beyond it fails without calling
+	// the hook. It is not called for a request that can never succeed
+	// (its block above the cap or the device's total memory), which fails
+	// at once, nor by a passthrough pool's AllocPitch.
 	OnOutOfMemory func(request uint64)
 	// Logger, when set, receives events as they happen: growth and
 	// release of device memory (Debug), Trim (Info), out of memory (Warn),

@@ -707,8 +707,28 @@ func (p *Pool) backPlaced(b tlsf.Block, size, need uint64) error {
 
 // allocMiss runs when the index has no block (the locked path missed):
 // reclaim completed stream-ordered frees, grow, and then the
-// out-of-memory path.
+// out-of-memory path (allocMissPath). A request that fails leaves the
+// pool no more memory than it held: should a growth made for it stay
+// (its search failed after it: a case the out-of-memory path is built
+// not to reach, vmmHeap.grow), as much unused memory is released and the
+// peak of reserved memory is what it was, as capi/tlsf.h promises of a
+// failed call. Not where OnOutOfMemory is set: its hook runs without the
+// pool's lock, and what it allocates may grow the pool. Pool lock held.
 func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
+	start, peak := p.reserved(), p.c.reservedPeak
+	b, err := p.allocMissPath(size, align)
+	if err != nil && p.reserved() > start && p.opts.OnOutOfMemory == nil {
+		prev := p.dev.enter(PathOutOfMemory)
+		defer p.dev.leave(prev)
+		if _, rerr := p.releaseUnused(p.reserved() - start); rerr == nil && p.reserved() <= start {
+			p.c.reservedPeak = peak
+		}
+	}
+	return b, err
+}
+
+// allocMissPath is allocMiss's path.
+func (p *Pool) allocMissPath(size, align uint64) (tlsf.Block, error) {
 	prev := p.dev.enter(PathAlloc)
 	defer p.dev.leave(prev)
 	p.seen = seenFree{}
@@ -2071,11 +2091,14 @@ func (p *Pool) noteMoved(n uint64) {
 }
 
 // noteMapping notes what a VMM heap's mapping (grow, back) left to note:
-// a cuMemCreate refused for want of memory (noteRefused) and the spares it
-// released (noteDropped). Every mapping site calls it, error or not.
+// a cuMemCreate refused for want of memory (noteRefused), the spares it
+// released (noteDropped), and the peak of reserved memory, which a failed
+// mapping may raise too (pages whose unmap failed stay mapped as strays,
+// counted as reserved). Every mapping site calls it, error or not.
 func (p *Pool) noteMapping() {
 	p.noteRefused()
 	p.noteDropped()
+	p.noteReserved()
 }
 
 // noteDropped counts the spares a VMM heap released while mapping

@@ -40,11 +40,11 @@ package pool
 //     wholly free chunks up to that amount instead. It fails if that
 //     fails;
 //  4. remembers the failure (oomMemo): until the pool next frees a block
-//     under its lock or maps new memory (a growth, or holes backed with
-//     memory beyond the spares), a request at least as large fails at
-//     once after the growth attempt (which still sees memory other
-//     processes gave back), skipping steps 1 to 3, at most oomMemoSkips
-//     times in a row;
+//     (under its lock or into a per-P cache) or maps new memory (a
+//     growth, or holes backed with memory beyond the spares), a request
+//     at least as large fails at once after the growth attempt (which
+//     still sees memory other processes gave back), skipping steps 1 to
+//     3, at most oomMemoSkips times in a row;
 //  5. remembers a full device: after the driver refuses a cuMemCreate,
 //     the memory the pool holds is its limit, and holes are backed with
 //     its own memory (moved as in step 2), not new memory, unless
@@ -55,10 +55,12 @@ package pool
 
 import "github.com/gpumem/tlsf/tlsf"
 
-// oomMemoSkips bounds the requests failed from the memo in a row: frees
-// the per-P caches absorb (blocks of Cache.MaxSize and below) do not clear
-// the memo, so every 64th request runs the whole path and flushes them.
-// 64 makes a run of failures cost about 1/64 of a flush and release each.
+// oomMemoSkips bounds the requests failed from the memo in a row: what
+// frees no block does not clear the memo (a stream-ordered free's event
+// completing, so that the block may be reused; another process giving
+// memory back where the request needs the out-of-memory path's search to
+// find it), so every 64th request runs the whole path. 64 makes a run of
+// failures cost about 1/64 of a flush and release each.
 const oomMemoSkips = 64
 
 // seenFree is the device's free memory in bytes as the current request's
@@ -72,21 +74,21 @@ type seenFree struct {
 // oomMemo is the last request the out-of-memory path failed.
 type oomMemo struct {
 	size   uint64 // bytes; 0: no failure remembered
-	frees  uint64 // counters.frees at the failure
+	frees  uint64 // Pool.freesEver at the failure
 	mapped uint64 // Pool.mappedEver at the failure
 	skips  int    // requests failed from the memo since
 }
 
 // remembered reports whether a request of size bytes is bound to fail as
 // the remembered one did, and counts the skip: it is at least as large,
-// and since the failure the pool freed no block under its lock and mapped
-// no new memory. (Memory a growth gained may serve it: a growth after a
+// and since the failure the pool freed no block (freesEver) and mapped no
+// new memory. (Memory a growth gained may serve it: a growth after a
 // neighbour left may take the whole device, and a request that best fit
 // then places on released pages needs the mapped free memory the growth
 // left, which only the out-of-memory path's search finds.)
 func (p *Pool) remembered(size uint64) bool {
 	m := &p.oom
-	if m.size == 0 || size < m.size || p.c.frees != m.frees || p.mappedEver() != m.mapped || m.skips >= oomMemoSkips {
+	if m.size == 0 || size < m.size || p.mappedEver() != m.mapped || m.skips >= oomMemoSkips || p.freesEver() != m.frees {
 		return false
 	}
 	m.skips++
@@ -101,15 +103,35 @@ func (p *Pool) mappedEver() uint64 { return p.reserved() + p.c.releasedBytes }
 // rememberOOM records a failed request of size bytes.
 func (p *Pool) rememberOOM(size uint64) {
 	p.pressure = p.c.allocs + 1
-	s, mapped := size, p.mappedEver()
+	s, mapped, frees := size, p.mappedEver(), p.freesEver()
 	skips := 0
-	if p.oom.frees == p.c.frees && p.oom.mapped == mapped { // nothing changed since the last failure
+	if p.oom.frees == frees && p.oom.mapped == mapped { // nothing changed since the last failure
 		if p.oom.size != 0 {
 			s = min(s, p.oom.size)
 		}
 		skips = p.oom.skips // allocMiss resets it when the whole path runs
 	}
-	p.oom = oomMemo{size: s, frees: p.c.frees, mapped: mapped, skips: skips}
+	p.oom = oomMemo{size: s, frees: frees, mapped: mapped, skips: skips}
+}
+
+// freesEver counts the frees since New: those under the pool's lock and,
+// once the caches engaged, those the per-P caches took (each P's count
+// read under its cache's lock, as Stats reads it). Frees into a cache
+// must clear the memo: a pool whose every block went back to the caches
+// failed up to oomMemoSkips requests in a row from it before one ran the
+// path that flushes them. O(GOMAXPROCS) with the caches on, on the
+// out-of-memory path only. Pool lock held.
+func (p *Pool) freesEver() uint64 {
+	n := p.c.frees
+	if c := p.cache; c != nil && c.engaged() {
+		for i := range c.ps {
+			pc := &c.ps[i]
+			pc.lockWait()
+			n += pc.frees
+			pc.unlock()
+		}
+	}
+	return n
 }
 
 // releaseFor makes room for a request of size bytes aligned to align

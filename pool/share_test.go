@@ -234,6 +234,37 @@ func TestARememberedFailureIsForgottenAfterAFree(t *testing.T) {
 	require.NoError(t, p.Free(c))
 }
 
+// Frees into the per-P caches clear the memory of a failure as frees
+// under the lock do: a pool whose every block went back to the caches
+// serves the next request that fits, which runs the path that flushes
+// them. (The memory counted lock-held frees only, and the request failed
+// from it up to oomMemoSkips times in a row.)
+func TestARememberedFailureIsForgottenAfterAFreeIntoACache(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{MaxBytes: 2 * miB, Cache: CacheOptions{Eager: true}})
+	var small []uintptr
+	for {
+		ptr, err := p.Alloc(4096)
+		if err != nil {
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			break
+		}
+		small = append(small, ptr)
+	}
+	require.NotEmpty(t, small)
+	for _, ptr := range small {
+		require.NoError(t, p.Free(ptr))
+	}
+	st := p.Stats()
+	require.Zero(t, st.Allocations)
+	require.NotZero(t, st.Cached, "the frees went to the caches")
+	big, err := p.Alloc(miB)
+	require.NoError(t, err, "every block is free")
+	checkStep(t, p, d)
+	require.NoError(t, p.Free(big))
+}
+
 // Under the cap, the out-of-memory path moves the pages a request lacks
 // instead of returning every unused page to the driver.
 func TestTheOutOfMemoryPathMovesOnlyWhatIsNeeded(t *testing.T) {

@@ -300,7 +300,7 @@ func (p *Pool) ResetPeaks() {
 	p.noteReserved()
 	if d := p.dbg; d != nil {
 		d.mu.Lock()
-		d.userPeak = d.user
+		d.userPeak, d.blocksPeak = d.user, d.blocks
 		d.mu.Unlock()
 	}
 }

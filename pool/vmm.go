@@ -317,6 +317,19 @@ func (h *vmmHeap) grow(need, want uint64) error {
 	if err := h.unmapStrays(); err != nil {
 		return err
 	}
+	// The free top the growth extends may lie on released pages (the
+	// out-of-memory path's move takes pages from under it: recycle). The
+	// pool counted them with the growth (growAndSearch's tail): map them
+	// too, so that the block grown for lies on none. Left as holes, a
+	// request whose search then took another block, or found the top kept
+	// for last (tlsf.Config.Wilderness), could not take the top either
+	// without backing them, which a full device refused: the request
+	// failed with the memory it needed mapped, and the growth stayed.
+	if last, ok := h.freeTop(); ok && h.unbacked(last) > 0 {
+		if err := h.back(last); err != nil {
+			return err
+		}
+	}
 	first := (h.end - h.base) / h.gran
 	lo, hi, large := h.growthRange(first, need)
 	n, err := h.mapRun(first, want/h.gran, need/h.gran, lo, hi, large)

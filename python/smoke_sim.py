@@ -115,6 +115,15 @@ def main():
     assert tlsf_torch.device_calls(2, b"cuMemMap") == tlsf_torch.device_calls("alloc", "cuMemMap")
     assert tlsf_torch.device_calls(-1) == tlsf_torch.device_calls()
     raises(ValueError, lambda: tlsf_torch.device_calls(6))
+    raises(ValueError, lambda: tlsf_torch.device_calls(True))
+    raises(ValueError, lambda: tlsf_torch.device_calls(1.0))
+
+    class Index:  # an integer type such as numpy.int64: paths take it as devices do
+        def __index__(self):
+            return 2
+
+    assert tlsf_torch.device_calls(Index(), "cuMemMap") == tlsf_torch.device_calls("alloc", "cuMemMap")
+    assert tlsf_torch.device_calls(b"alloc") == tlsf_torch.device_calls("alloc")
     raises(ValueError, lambda: tlsf_torch.device_calls(call="cuMemMap\0x"))
     print("smoke_sim: ok", tlsf_torch.stats())
 

@@ -168,8 +168,12 @@ def install(lib=None, conf=""):
     allocator that is in use. Raises RuntimeError if it is too late, if
     this was installed already, or if another library was loaded before;
     ValueError for a bad configuration (conf, or ``TLSF_ALLOC_CONF``
-    without it); OSError if the library cannot be loaded or is not
-    libtlsf.so. Returns the library path.
+    without it: its syntax and the range of each value; values wrong only
+    for a device, such as a cap below its allocation granularity or an
+    initial reserve above the cap, fail when the device's pool is made, at
+    its first allocation, and ``last_error()`` says why); OSError if the
+    library cannot be loaded or is not libtlsf.so. Returns the library
+    path.
     """
     global _allocator
     import torch
@@ -190,7 +194,8 @@ def install(lib=None, conf=""):
         raise ValueError("tlsf_torch.install: " + last_error())
     # tlsf_init checks the configuration now (TLSF_ALLOC_CONF's, without
     # conf), so that a bad one fails here, not as a NULL from every
-    # tlsf_malloc, which PyTorch does not check.
+    # tlsf_malloc, which PyTorch does not check. (What only a device can
+    # tell, when its pool is made: the docstring.)
     clib.tlsf_init(0)
     msg = last_error()
     if msg:
@@ -275,13 +280,21 @@ def device_calls(path=None, call=None, device=0):
     if not hasattr(_lib, "tlsf_get_device_calls"):
         raise RuntimeError("tlsf_torch.device_calls: the library is older than tlsf_get_device_calls")
     d = _device(device, "device_calls")
+    p = None
     if path is None:
         p = _PATH_ALL
-    elif isinstance(path, int) and not isinstance(path, bool) and _PATH_ALL <= path < len(TlsfStats.PATHS):
-        p = path
-    elif path in TlsfStats.PATHS:
-        p = TlsfStats.PATHS.index(path)
-    else:
+    elif isinstance(path, (str, bytes)):
+        name = path.decode(errors="replace") if isinstance(path, bytes) else path
+        if name in TlsfStats.PATHS:
+            p = TlsfStats.PATHS.index(name)
+    elif not isinstance(path, bool):
+        try:
+            i = operator.index(path)  # int, or numpy's integers, as device
+        except TypeError:
+            i = None
+        if i is not None and _PATH_ALL <= i < len(TlsfStats.PATHS):
+            p = i
+    if p is None:
         raise ValueError(
             "tlsf_torch.device_calls: unknown path %r (one of %s, or 0 to %d; -1: all)"
             % (path, ", ".join(TlsfStats.PATHS), len(TlsfStats.PATHS) - 1)
