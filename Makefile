@@ -53,9 +53,9 @@ capi:
 	$(CC) -O2 -Wall -Werror -o bin/tlsf-late-env capi/example/late_env.c -Icapi -Lbin -ltlsf -Wl,-rpath,'$$ORIGIN'
 
 capi-example: capi
-	@# The library exports tlsf.h's functions and no other code (capi/exports.map).
-	@if nm -D --defined-only bin/libtlsf.so | awk '$$2 == "T" { print $$3 }' | grep -v '^tlsf_'; then \
-		echo "bin/libtlsf.so exports the functions above, outside tlsf.h"; exit 1; fi
+	@# The library exports tlsf.h's functions and no other symbol (capi/exports.map).
+	@if nm -D --defined-only bin/libtlsf.so | awk '{ print $$NF }' | grep -v '^tlsf_'; then \
+		echo "bin/libtlsf.so exports the symbols above, outside tlsf.h"; exit 1; fi
 	TLSF_ALLOC_CONF=device:sim bin/tlsf-example
 	env -u TLSF_ALLOC_CONF bin/tlsf-late-env
 	if command -v python3 >/dev/null; then python3 python/smoke_sim.py bin/libtlsf.so; fi

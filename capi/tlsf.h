@@ -142,7 +142,10 @@ typedef struct tlsf_stats {
  * total memory or the cap fails at once, releasing nothing), a size the
  * pool can never serve, a bad device ordinal, a malformed configuration,
  * no CUDA driver, a driver error (a stream the driver refuses).
- * Nothing was allocated.
+ * Nothing was allocated. (Under guard, a malloc whose red-zone fill the
+ * driver refuses has its block freed on the stream at once; on a stream
+ * with work queued, in a pool serving several streams, active counts the
+ * block until that work completes, as after any free there.)
  */
 void* tlsf_malloc(size_t size, int device, void* stream);
 

@@ -194,9 +194,12 @@ func (d *debugLayer) notePitch(ptr uintptr, size uint64) {
 // the counters Stats gives (Allocs, Frees, AllocsBySize), so that the
 // failed call changes none of them; the peaks are the layer's own, which
 // never counted the block (adjustStats). The free is ordered on s as any
-// free is; where s refuses it too, on the default stream (the failed fill
-// queued nothing on the block). Should both fail, the block stays
-// allocated in the pool, and counted so.
+// free is (the block may be one freed on s earlier, which work queued on
+// s may still use); where s refuses it too, on the default stream (the
+// failed fill queued nothing on the block). Should both fail, the block
+// stays allocated in the pool, and counted so. A pool with several
+// streams holds the block until s's work completes: on a stream with
+// work queued, Active and Pending count it until then.
 func (d *debugLayer) undo(ptr uintptr, size uint64, s device.Stream) {
 	p := d.p
 	r := p.blockSize(size, s)

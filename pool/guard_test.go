@@ -328,11 +328,13 @@ func TestGuardCloseWaitsForARedZoneInFlight(t *testing.T) {
 }
 
 // A request whose red zone cannot be filled (its stream refused, or the
-// fill's driver call failed) fails and changes no statistic: the layer
-// frees the block it got and takes that allocation and free off the
-// counters (debugLayer.undo). Before, each such failure counted an
-// allocation and a free, and, on a stream the device refuses, left the
-// block pending there (active and reserved up until a Trim).
+// fill's driver call failed on the default stream) fails and changes no
+// statistic: the layer frees the block it got and takes that allocation
+// and free off the counters (debugLayer.undo). Before, each such failure
+// counted an allocation and a free, and, on a stream the device refuses,
+// left the block pending there (active and reserved up until a Trim).
+// (On a stream with work queued, the block stays pending until that work
+// completes, as after any free there: debugLayer.undo.)
 func TestGuardFillFailureChangesNoStatistic(t *testing.T) {
 	type view struct {
 		allocs, frees              uint64

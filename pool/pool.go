@@ -710,7 +710,9 @@ func (p *Pool) backPlaced(b tlsf.Block, size, need uint64) error {
 // out-of-memory path (allocMissPath). A request that fails leaves the
 // pool no more memory than it held: should a growth made for it stay
 // (its search failed after it: a case the out-of-memory path is built
-// not to reach, vmmHeap.grow), as much unused memory is released and the
+// not to reach, vmmHeap.grow), as much unused memory is released
+// (releaseUnused: it waits for the streams that freed memory first, and
+// takes standby pages back into the heap, as every release does) and the
 // peak of reserved memory is what it was, as capi/tlsf.h promises of a
 // failed call. Not where OnOutOfMemory is set: its hook runs without the
 // pool's lock, and what it allocates may grow the pool. Pool lock held.

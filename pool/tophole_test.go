@@ -2,6 +2,7 @@ package pool
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -104,5 +105,50 @@ func TestAGrowthAfterAMoveServesItsRequest(t *testing.T) {
 	require.NoError(t, p.FreeOn(ptr, last.s))
 	for id, ptr := range ptrs {
 		require.NoError(t, p.FreeOn(ptr, 0), "block %d", id)
+	}
+}
+
+// A growth maps its own pages first, then the free top's released ones:
+// where the device has too little memory, the first fails with nothing
+// to undo, and a failed growth maps nothing either way. So a failed
+// request leaves the pool no more memory, with or without OnOutOfMemory
+// (whose hook keeps allocMiss from releasing what a growth left). (When
+// the top was backed first, the pool with the hook kept its pages.)
+func TestAFailedGrowthUnmapsTheFreeTopsPages(t *testing.T) {
+	for _, hook := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hook=%v", hook), func(t *testing.T) {
+			sd := sim.New(sim.Config{Capacity: 256 * miB})
+			d := onSim(sd)
+			o := Options{Backend: BackendVMM}
+			if hook {
+				o.OnOutOfMemory = func(uint64) {}
+			}
+			p := openPool(t, d, o)
+			a, err := p.Alloc(10 * miB)
+			require.NoError(t, err)
+			b, err := p.Alloc(10 * miB)
+			require.NoError(t, err)
+			require.NoError(t, p.Free(b))
+			_, err = p.Trim() // the free top's pages released
+			require.NoError(t, err)
+			p.mu.Lock()
+			tail := p.vmm.unbackedTail()
+			p.mu.Unlock()
+			require.NotZero(t, tail)
+			before := p.Stats()
+			// Every cuMemCreate but the first refuses: the top's pages
+			// are backed, the growth's own mapping fails.
+			for i := uint64(2); i < 200; i++ {
+				sd.FailNth(device.CallMemCreate, i, device.ErrOutOfMemory)
+			}
+			_, err = p.Alloc(100 * miB)
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			sd.ClearFaults()
+			checkStep(t, p, d)
+			after := p.Stats()
+			require.LessOrEqual(t, after.Reserved, before.Reserved)
+			require.Equal(t, before.ReservedPeak, after.ReservedPeak)
+			require.NoError(t, p.Free(a))
+		})
 	}
 }
