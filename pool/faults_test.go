@@ -187,12 +187,12 @@ func TestFreeMemoryShrinksBetweenQueryAndAllocation(t *testing.T) {
 
 // A growth whose mapping fails after the pages were mapped, and whose
 // undo fails too, leaves them mapped (strays, counted as reserved until a
-// later unmap succeeds). The failed request then gives them back (it
-// leaves the pool no more memory than before, Pool.allocMiss), except
-// where OnOutOfMemory is set, whose hook may grow the pool: there the
-// peak of reserved memory counts them, as every peak counts what its
-// figure does.
-func TestAFailedMappingLeftMappedIsGivenBackOrCounted(t *testing.T) {
+// later unmap succeeds). The failed request then gives them back: it
+// leaves the pool no more memory than before (Pool.allocMiss). Without
+// OnOutOfMemory the peak of reserved memory is as it was; with it (whose
+// hook may raise the peak by what it allocates) the peak counts the pages
+// the failed mapping held, as every peak counts what its figure did.
+func TestAFailedMappingLeftMappedIsGivenBack(t *testing.T) {
 	for _, hook := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hook=%v", hook), func(t *testing.T) {
 			sd := sim.New(sim.Config{Capacity: 1 << 30})
@@ -214,16 +214,15 @@ func TestAFailedMappingLeftMappedIsGivenBackOrCounted(t *testing.T) {
 				t.Fatal(err)
 			}
 			st := p.Stats()
-			if st.Reserved != sd.Mapped() {
-				t.Fatalf("Reserved %d, the device holds %d", st.Reserved, sd.Mapped())
-			}
 			switch {
-			case !hook && (st.Reserved != 0 || st.ReservedPeak != 0):
-				t.Fatalf("Reserved %d, peak %d: the failed request left memory", st.Reserved, st.ReservedPeak)
-			case hook && st.Reserved == 0:
-				t.Fatal("nothing left mapped: the case this test is for did not happen")
-			case st.ReservedPeak < st.Reserved:
-				t.Fatalf("ReservedPeak %d below Reserved %d", st.ReservedPeak, st.Reserved)
+			case st.Reserved != sd.Mapped():
+				t.Fatalf("Reserved %d, the device holds %d", st.Reserved, sd.Mapped())
+			case st.Reserved != 0:
+				t.Fatalf("Reserved %d: the failed request left memory", st.Reserved)
+			case !hook && st.ReservedPeak != 0:
+				t.Fatalf("ReservedPeak %d: the failed request raised it", st.ReservedPeak)
+			case hook && st.ReservedPeak < 8<<20:
+				t.Fatalf("ReservedPeak %d: not the pages the failed mapping held", st.ReservedPeak)
 			}
 		})
 	}

@@ -709,20 +709,21 @@ func (p *Pool) backPlaced(b tlsf.Block, size, need uint64) error {
 // reclaim completed stream-ordered frees, grow, and then the
 // out-of-memory path (allocMissPath). A request that fails leaves the
 // pool no more memory than it held: should a growth made for it stay
-// (its search failed after it: a case the out-of-memory path is built
-// not to reach, vmmHeap.grow), as much unused memory is released
-// (releaseUnused: it waits for the streams that freed memory first, and
-// takes standby pages back into the heap, as every release does) and the
-// peak of reserved memory is what it was, as capi/tlsf.h promises of a
-// failed call. Not where OnOutOfMemory is set: its hook runs without the
-// pool's lock, and what it allocates may grow the pool. Pool lock held.
+// (its search failed after it: a growth on a device too full to back
+// what the block lacks, or, with OnOutOfMemory, one of the retry after
+// the hook), as much unused memory is released (releaseUnused: it waits
+// for the streams that freed memory first, and takes standby pages back
+// into the heap, as every release does), as capi/tlsf.h promises of a
+// failed call, and the peak of reserved memory is what it was. (Not the
+// peak where OnOutOfMemory is set: its hook runs without the pool's
+// lock, and what it allocates may raise it.) Pool lock held.
 func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
 	start, peak := p.reserved(), p.c.reservedPeak
 	b, err := p.allocMissPath(size, align)
-	if err != nil && p.reserved() > start && p.opts.OnOutOfMemory == nil {
+	if err != nil && p.reserved() > start {
 		prev := p.dev.enter(PathOutOfMemory)
 		defer p.dev.leave(prev)
-		if _, rerr := p.releaseUnused(p.reserved() - start); rerr == nil && p.reserved() <= start {
+		if _, rerr := p.releaseUnused(p.reserved() - start); rerr == nil && p.reserved() <= start && p.opts.OnOutOfMemory == nil {
 			p.c.reservedPeak = peak
 		}
 	}
@@ -943,7 +944,36 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	grown := p.reserved() - min(before, p.reserved())
 	p.lastFree = free - min(free, grown)
 	p.noteGrow(grown)
-	return p.search(size, align)
+	return p.searchGrown(size, align)
+}
+
+// searchGrown is search after a growth for the request. The growth made
+// the heap's free top hold it, released pages under the top included
+// (growAndSearch's tail: the out-of-memory path's move may take pages
+// from under the top). Where best fit places the request elsewhere, on
+// released pages it cannot back (a full device), the block lying on the
+// fewest released pages among the candidates (placeFewestHoles: the grown
+// top, or one better) is backed and taken instead. Before, that search
+// took only a block lying on none (searchMapped), and a request whose
+// grown top kept a released page failed with the memory it needed
+// mapped (testdata/top-holes.ops). Only a failed search changes: where
+// best fit's block can be backed, it is taken, as before.
+func (p *Pool) searchGrown(size, align uint64) (tlsf.Block, error) {
+	b, err := p.search(size, align)
+	h := p.vmm
+	if err == nil || !retryable(err) || h == nil {
+		return b, err
+	}
+	c, need, perr := p.placeFewestHoles(h, size, align)
+	if perr != nil {
+		return tlsf.Block{}, err
+	}
+	if need > 0 {
+		if berr := p.backPlaced(c, size, need); berr != nil {
+			return tlsf.Block{}, err
+		}
+	}
+	return c, nil
 }
 
 // roomFor returns the free block size (bytes) a growth must make room for

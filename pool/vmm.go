@@ -323,24 +323,6 @@ func (h *vmmHeap) grow(need, want uint64) error {
 	if err != nil {
 		return err
 	}
-	// The free top the growth extends may lie on released pages (the
-	// out-of-memory path's move takes pages from under it: recycle). The
-	// pool counted them with the growth (growAndSearch's tail): map them
-	// too, so that the block grown for lies on none. Left as holes, a
-	// request whose search then took another block, or found the top kept
-	// for last (tlsf.Config.Wilderness), could not take the top either
-	// without backing them, which a full device refused: the request
-	// failed with the memory it needed mapped, and the growth stayed.
-	// After the growth's own mapping, the larger one, so that where the
-	// device has too little memory that one fails first, with nothing to
-	// undo; where they fail, the growth is unmapped: a failed growth maps
-	// nothing.
-	if last, ok := h.freeTop(); ok && h.unbacked(last) > 0 {
-		if err := h.back(last); err != nil {
-			h.unmapOrStray(first, n)
-			return err
-		}
-	}
 	added := n * h.gran
 	if h.end == h.base {
 		err = h.x.AddRegion(h.base, added)
