@@ -57,9 +57,13 @@
 // header says that our ns/op is host time, not comparable with the
 // peers' GPU times. Every failed replay gets a line under the table with
 // its first error; then come the verdicts (by peak reserved over live
-// where --min-cap was not given). Peers in a verdict are those of
-// baseline.json and, on a GPU, the driver's pool (async) measured by the
-// run.
+// where --min-cap was not given), one per trace replayed with a pool
+// backend: its best one among those whose replays failed no allocation
+// (where every one failed, the line says so and compares nothing). Peers
+// in a verdict are those of baseline.json, for an embedded trace (the
+// same name, operations and peak live bytes: a file of that name is
+// another trace), and, on a GPU, the driver's pool (async) measured by
+// the run.
 //
 // # Backends
 //

@@ -82,6 +82,11 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"multi oversubscribe huge", []string{"multi", "--device", "sim", "--oversubscribe", "1e300"}, "--oversubscribe"},
 		{"run negative duration", []string{"run", "--device", "sim", "--duration", "-1s"}, "--duration"},
 		{"run negative progress interval", []string{"run", "--device", "sim", "--progress-interval", "-1s"}, "--progress-interval"},
+		{"min-cap with cap", []string{"replay", "--device", "sim", "--min-cap", "--cap", "4GiB", "lstm"}, "--min-cap"},
+		{"plot and snapshot to one file", []string{"replay", "--device", "sim", "--backend", "tlsf-vmm", "--plot", "same.svg", "--snapshot", "same.svg", "lstm"}, "both write"},
+		{"multi max-live", []string{"multi", "--device", "sim", "--max-live", "1GiB"}, "--max-live"},
+		{"multi min-size", []string{"multi", "--device", "sim", "--min-size", "1MiB"}, "--min-size"},
+		{"run devices with stream", []string{"run", "--device", "sim", "--devices", "0,1", "--stream", "per-goroutine"}, "--stream"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, errs, status := cli(t, tc.args...)
@@ -472,6 +477,50 @@ func TestReplayCapFailsAllocationsAndIsNotAnError(t *testing.T) {
 	// Without a cap, a device too small for the trace is a failure.
 	_, _, status = cli(t, "replay", "--device", "sim", "--sim-capacity", "1GiB", "--backend", "tlsf-chunks", "lstm")
 	assert.Equal(t, exitFailed, status)
+}
+
+// A verdict names no backend whose replays failed allocations (its
+// reserved memory is that of a replay cut short); where every one failed,
+// it says so. (It named the one that failed, under a cap of 6.5 GiB, as
+// lower than the peers.)
+func TestAVerdictSkipsBackendsThatFailed(t *testing.T) {
+	out, errs, status := cli(t, "replay", "--device", "sim", "--warm-runs", "1", "--backend", "tlsf-vmm,tlsf-chunks", "--cap", "6.5GiB", "lstm")
+	require.Equal(t, exitOK, status, errs)
+	require.Contains(t, out, "lstm tlsf-chunks: ", "chunks fails allocations under this cap")
+	assert.Contains(t, out, "verdict lstm: tlsf-vmm peak reserved")
+	out, errs, status = cli(t, "replay", "--device", "sim", "--warm-runs", "1", "--backend", "tlsf-vmm", "--cap", "2MiB", "lstm")
+	require.Equal(t, exitOK, status, errs)
+	assert.Contains(t, out, "verdict lstm: every pool backend failed allocations under the cap of 2097152 bytes")
+	assert.NotContains(t, out, "× live")
+}
+
+// Peers' figures belong to the embedded trace of their name: a file of
+// that name is another trace, replayed and judged on its own.
+func TestPeersOnlyForTheEmbeddedTrace(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "lstm.trace")
+	require.NoError(t, os.WriteFile(file, []byte("a 0 1000 0\nf 0\n"), 0o644))
+	out, errs, status := cli(t, "replay", "--device", "sim", "--warm-runs", "1", "--backend", "tlsf-vmm", file, "lstm")
+	require.Equal(t, exitOK, status, errs)
+	var verdicts []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "verdict lstm:") {
+			verdicts = append(verdicts, line)
+		}
+	}
+	require.Len(t, verdicts, 2, out)
+	assert.Contains(t, verdicts[0], "(no peer figure to compare)", "the file")
+	assert.Contains(t, verdicts[1], "for the best peer", "the embedded trace")
+	assert.Equal(t, 1, strings.Count(out, "peer torch+expandable"), "the peers' rows once, under the embedded trace")
+}
+
+// A run whose every request is larger than a goroutine's share of
+// --max-live made no allocation: it fails, and counts no operation.
+func TestRunWithNoRequestThatFitsFails(t *testing.T) {
+	out, _, status := cli(t, "run", "--device", "sim", "--max-live", "1", "--ops", "100")
+	assert.Equal(t, exitFailed, status, out)
+	assert.Contains(t, out, "run: 0 ops")
+	assert.Contains(t, out, "no allocation made")
 }
 
 func TestParseBytesAndCaps(t *testing.T) {

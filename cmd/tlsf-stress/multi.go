@@ -75,6 +75,11 @@ there too, each with its own simulated GPU.`,
 			if err := o.validate(); err != nil {
 				return err
 			}
+			for _, name := range []string{"max-live", "min-size", "max-size"} {
+				if cmd.Flags().Changed(name) {
+					return usagef("--%s: multi sizes each process's workload from --oversubscribe (and --sizes)", name)
+				}
+			}
 			if o.procs < 1 {
 				return usagef("--procs %d: want at least 1", o.procs)
 			}
@@ -103,7 +108,7 @@ there too, each with its own simulated GPU.`,
 	f.Float64Var(&o.oversubscribe, "oversubscribe", 1.5, "each process's live-byte target, in multiples of its share (total memory / procs)")
 	f.BoolVar(&o.exec, "exec", false, "on the simulated device, run real child processes (each with its own simulated GPU)")
 	for _, name := range []string{"max-live", "min-size", "max-size"} {
-		_ = f.MarkHidden(name) // multi derives them from --oversubscribe
+		_ = f.MarkHidden(name) // multi derives them from --oversubscribe, and refuses them
 	}
 	return cmd
 }

@@ -71,9 +71,13 @@ with a decimal point and no suffix, a fraction of the device's memory:
 
 The table's "measured" column says where each row comes from: this run, or
 the peers' figures recorded on an H200 (baseline.json). A failed replay's
-first error is printed under the table, and each trace ends with a verdict
-line: our best pool backend against the best peer, by min cap over peak live
-with --min-cap, else by peak reserved over peak live.
+first error is printed under the table, and each trace replayed with a pool
+backend (tlsf-vmm, tlsf-chunks and their variants) ends with a verdict line:
+our best pool backend whose replays failed no allocation against the best
+peer, by min cap over peak live with --min-cap, else by peak reserved over
+peak live. Peers are compared only for an embedded trace (a file of that
+name with other operations gets none). --min-cap finds the cap itself: it
+does not go with --cap.
 
 --snapshot FILE writes, per trace, a PyTorch memory snapshot of one more
 replay with the first pool backend (the pickle of torch.cuda.memory._snapshot(),
@@ -92,6 +96,11 @@ python3 -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.`,
 				if ext := strings.ToLower(filepath.Ext(o.plot)); ext != ".svg" && ext != ".png" {
 					return usagef("--plot %q: the file name must end in .svg or .png", o.plot)
 				}
+			}
+			if o.minCap && cmd.Flags().Changed("cap") {
+				// --min-cap finds the cap itself: under another one, its
+				// figures and the verdict would speak of different caps.
+				return usagef("--min-cap finds the smallest cap itself: give it without --cap")
 			}
 			if o.snapshot != "" {
 				if _, ok := snapshotBackend(o.backends); !ok {
@@ -188,11 +197,12 @@ func runReplay(cmd *cobra.Command, g *globalFlags, o *replayOpts, args []string)
 		}
 		traces = append(traces, t)
 	}
+	written := map[string]string{} // file → the flag writing it
 	for _, out := range []struct{ flag, file string }{{"--plot", o.plot}, {"--snapshot", o.snapshot}} {
 		if out.file == "" {
 			continue
 		}
-		if err := checkOutputs(out.flag, out.file, traces, args); err != nil {
+		if err := checkOutputs(out.flag, out.file, traces, args, written); err != nil {
 			return err
 		}
 	}

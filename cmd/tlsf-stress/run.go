@@ -158,6 +158,11 @@ is real. Out-of-memory errors are counted, not failures.`,
 				return err
 			}
 			if o.devices != "" {
+				if cmd.Flags().Changed("stream") {
+					// peer.go's goroutines allocate, copy and free on each
+					// device's default stream.
+					return usagef("--stream: run --devices uses each device's default stream")
+				}
 				ords, err := parseDevices(o.devices)
 				if err != nil {
 					return err

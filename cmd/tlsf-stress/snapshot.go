@@ -44,17 +44,20 @@ func snapshotBackend(backends []string) (string, bool) {
 // checkOutputs fails at once, before any replay, where one of the files
 // flag's value file names for traces (outputName) cannot be written: two
 // traces of one name, a missing directory, a directory in its place, a
-// file it cannot open for writing, or one of the trace files read
-// (inputs, as given on the command line). A file that did not exist is
-// created to try, and removed again.
-func checkOutputs(flag, file string, traces []*trace.Trace, inputs []string) error {
-	seen := map[string]bool{}
+// file it cannot open for writing, one of the trace files read (inputs,
+// as given on the command line), or a file another flag writes (seen:
+// file → flag, shared by the calls for --plot and --snapshot). A file
+// that did not exist is created to try, and removed again.
+func checkOutputs(flag, file string, traces []*trace.Trace, inputs []string, seen map[string]string) error {
 	for _, t := range traces {
 		name := outputName(file, traces, t)
-		if seen[name] {
+		if other, ok := seen[filepath.Clean(name)]; ok {
+			if other != flag {
+				return usagef("%s and %s would both write %s: give them different names", other, flag, name)
+			}
 			return usagef("%s: two traces named %s would both be written to %s: rename one", flag, t.Name, name)
 		}
-		seen[name] = true
+		seen[filepath.Clean(name)] = flag
 		dir := filepath.Dir(name)
 		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 			return usagef("%s %q: no directory %q to write it in", flag, name, dir)

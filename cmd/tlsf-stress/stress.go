@@ -113,6 +113,7 @@ type stress struct {
 	issued, done    atomic.Int64
 	allocs, frees   atomic.Int64
 	ooms            atomic.Int64
+	oversized       atomic.Int64 // requests larger than a goroutine's share of cfg.maxLive, not made
 	oomsWithin      atomic.Int64 // of them, within 90% of cfg.share
 	oomsStill       atomic.Int64 // of those, still within it when the request returned
 	verifiedBytes   atomic.Uint64
@@ -187,6 +188,10 @@ func (s *stress) report(start time.Time, check func()) *stressReport {
 		PeakLive: s.peakLive.Load(), Elapsed: time.Since(start),
 	}
 	check()
+	if n := s.oversized.Load(); n > 0 && rep.Allocs == 0 {
+		s.error("no allocation made: all %d requests were larger than a goroutine's share of --max-live (%d bytes)",
+			n, s.cfg.maxLive/uint64(max(1, s.cfg.goroutines)))
+	}
 	for i := range s.work {
 		rep.WorkCalls[i] = s.work[i].Load()
 	}
@@ -290,13 +295,21 @@ func slotLoop[T any](s *stress, g int, weight uint64, alloc func(size uint64) *T
 		size := s.cfg.sizes(r)
 		if live+weight*size > budget {
 			// Over this goroutine's share: free another block instead.
+			// With none live, the request is larger than the whole share:
+			// no operation, counted apart (report).
+			freed := false
 			for k := 1; k < len(slots); k++ {
 				if j := (i + k) % len(slots); slots[j].b != nil {
 					release(j)
+					freed = true
 					break
 				}
 			}
-			s.done.Add(1)
+			if freed {
+				s.done.Add(1)
+			} else {
+				s.oversized.Add(1)
+			}
 			continue
 		}
 		if b := alloc(size); b != nil {

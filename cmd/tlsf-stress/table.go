@@ -31,7 +31,7 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 	}
 	fmt.Fprintf(w, "replayed once to warm the allocator (cold ns/op), then timed on it %d times (--warm-runs):\n", warm)
 	fmt.Fprintln(w, "ns/op is the median of those warm replays, min ns/op their minimum. Peers' figures are warm too.")
-	fmt.Fprintln(w, "device calls counts the driver calls of the cold and the warm replays together.")
+	fmt.Fprintln(w, "device calls counts the driver calls of every replay: the cold one, the warm-up ones and the timed ones.")
 	fmt.Fprintf(w, "Rows measured %q come from this replay; rows measured %q are peers'\n", here, baselineSource)
 	fmt.Fprintln(w, "figures recorded on an NVIDIA H200 (internal/trace/data/baseline.json), peak live as the trace sizes it;")
 	fmt.Fprintln(w, "bench/peers/run.sh measures every peer side by side with this pool (bench/RESULTS.md).")
@@ -61,7 +61,7 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 	}
 	row(cols...)
 	for i, r := range results {
-		if i > 0 && r.Trace != results[i-1].Trace {
+		if i > 0 && !sameTrace(r, results[i-1]) {
 			row()
 		}
 		cells := []string{r.Trace, r.Backend, here, fmt.Sprint(r.Ops), fmt.Sprintf("%.0f", r.NsPerOp),
@@ -76,10 +76,10 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 		cells = append(cells, gib(r.PeakReservedBytes), fmt.Sprintf("%.3f", r.ReservedOverLive),
 			optFloat(r.MinCapOverLive, "%.3f"), fmt.Sprint(r.DeviceCalls), failed)
 		row(cells...)
-		if i+1 < len(results) && results[i+1].Trace == r.Trace {
+		if i+1 < len(results) && sameTrace(results[i+1], r) {
 			continue
 		}
-		bl, ok := baselines[r.Trace]
+		bl, ok := baselineOf(baselines, r)
 		if !ok {
 			continue
 		}
@@ -118,21 +118,26 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 // verdicts returns one line per trace: our best pool backend against the
 // best peer, by the smallest feasible cap where --min-cap ran, else by
 // peak reserved memory, both over peak live bytes. Peers are the H200
-// figures of baseline.json and, on a GPU, the driver's pool measured
-// here (on the simulated device its figures are a lower bound, left
-// out).
+// figures of baseline.json for the embedded trace of that name, where the
+// trace is that one (baselineOf), and, on a GPU, the driver's pool
+// measured here (on the simulated device its figures are a lower bound,
+// left out). A backend whose replay failed allocations is no candidate:
+// its reserved memory is that of a replay cut short. Where every one
+// failed, the line says so and compares nothing. Traces replayed with no
+// pool backend (passthrough, async) get no line.
 func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.Baseline) []string {
 	var out []string
-	var order []string
-	byTrace := map[string][]*replayResult{}
+	var order []traceKey
+	byTrace := map[traceKey][]*replayResult{}
 	for _, r := range results {
-		if _, ok := byTrace[r.Trace]; !ok {
-			order = append(order, r.Trace)
+		k := traceKey{r.Trace, r.Source}
+		if _, ok := byTrace[k]; !ok {
+			order = append(order, k)
 		}
-		byTrace[r.Trace] = append(byTrace[r.Trace], r)
+		byTrace[k] = append(byTrace[k], r)
 	}
-	for _, name := range order {
-		rs := byTrace[name]
+	for _, key := range order {
+		rs, name := byTrace[key], key.name
 		byCap := true
 		for _, r := range rs {
 			byCap = byCap && r.MinCapOverLive != nil
@@ -143,9 +148,15 @@ func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.B
 			metric, ours = "min cap", func(r *replayResult) float64 { return *r.MinCapOverLive }
 			peerMetric = func(p trace.Peer) float64 { return p.MinCapOverLive }
 		}
-		var best *replayResult
+		var best, failed *replayResult
 		for _, r := range rs {
 			if r.Backend != backendVMM && r.Backend != backendChunks && r.Backend != backendVMMGoodFit && r.Backend != backendVMMWilderness {
+				continue
+			}
+			if r.FailedAllocs > 0 || r.WarmFailedAllocs > 0 {
+				if failed == nil {
+					failed = r
+				}
 				continue
 			}
 			if best == nil || ours(r) < ours(best) {
@@ -153,16 +164,24 @@ func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.B
 			}
 		}
 		if best == nil {
+			if failed != nil {
+				under := ""
+				if failed.CapBytes > 0 {
+					under = fmt.Sprintf(" under the cap of %d bytes", failed.CapBytes)
+				}
+				out = append(out, fmt.Sprintf("verdict %s: every pool backend failed allocations%s (%s: %d): no comparison", name, under, failed.Backend, failed.FailedAllocs+failed.WarmFailedAllocs))
+			}
 			continue
 		}
+		bl, _ := baselineOf(baselines, best)
 		peerName, peerVal, peerFrom := "", 0.0, ""
 		consider := func(n string, v float64, from string) {
 			if v > 0 && (peerName == "" || v < peerVal) {
 				peerName, peerVal, peerFrom = n, v, from
 			}
 		}
-		for _, n := range slices.Sorted(maps.Keys(baselines[name].Peers)) {
-			consider(n, peerMetric(baselines[name].Peers[n]), baselineSource)
+		for _, n := range slices.Sorted(maps.Keys(bl.Peers)) {
+			consider(n, peerMetric(bl.Peers[n]), baselineSource)
 		}
 		if ds.kind == deviceCUDA {
 			for _, r := range rs {
@@ -188,10 +207,25 @@ func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.B
 		} else {
 			line += " (no peer figure to compare)"
 		}
-		if best.FailedAllocs > 0 && best.CapBytes == 0 {
-			line += fmt.Sprintf("; %d allocations FAILED", best.FailedAllocs)
-		}
 		out = append(out, line)
 	}
 	return out
+}
+
+// traceKey names a replayed trace: two files of one name are two traces.
+type traceKey struct{ name, source string }
+
+// sameTrace reports whether two results are of one trace.
+func sameTrace(a, b *replayResult) bool { return a.Trace == b.Trace && a.Source == b.Source }
+
+// baselineOf returns the peers' figures for r's trace: those recorded for
+// the embedded trace of its name, where r replayed that trace (the same
+// number of operations and peak live bytes), not a file that only shares
+// its name.
+func baselineOf(baselines map[string]trace.Baseline, r *replayResult) (trace.Baseline, bool) {
+	bl, ok := baselines[r.Trace]
+	if !ok || bl.Ops != r.Ops || bl.PeakLiveBytes != r.PeakLiveBytes {
+		return trace.Baseline{}, false
+	}
+	return bl, true
 }
