@@ -514,6 +514,16 @@ func TestPeersOnlyForTheEmbeddedTrace(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(out, "peer torch+expandable"), "the peers' rows once, under the embedded trace")
 }
 
+// A trace with no operations (comments only) is refused: its figures
+// would be 0/0.
+func TestReplayRefusesAnEmptyTrace(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "empty.trace")
+	require.NoError(t, os.WriteFile(file, []byte("# nothing\n"), 0o644))
+	_, errs, status := cli(t, "replay", "--device", "sim", file)
+	assert.NotEqual(t, exitOK, status)
+	assert.Contains(t, errs, "no operations")
+}
+
 // A run whose every request is larger than a goroutine's share of
 // --max-live made no allocation: it fails, and counts no operation.
 func TestRunWithNoRequestThatFitsFails(t *testing.T) {

@@ -174,7 +174,13 @@ type sample struct {
 // trace's name.
 func loadTrace(arg string) (*trace.Trace, error) {
 	if _, err := os.Stat(arg); err == nil {
-		return trace.ParseFile(arg)
+		t, err := trace.ParseFile(arg)
+		if err == nil && len(t.Ops) == 0 {
+			// Nothing to replay: its figures would be 0/0 and its warm-up
+			// a second of empty replays.
+			return nil, fmt.Errorf("%s: the trace has no operations", arg)
+		}
+		return t, err
 	}
 	if slices.Contains(trace.Names(), arg) {
 		return trace.Load(arg)
