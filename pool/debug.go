@@ -278,6 +278,17 @@ func (d *debugLayer) free(ptr uintptr, s device.Stream) error {
 				return fmt.Errorf("pool: synchronizing stream %#x before a red-zone check: %w", uintptr(s), err)
 			}
 		}
+		// The fill was queued on the stream of the allocation: a free on
+		// another (a block used there, or handed over with RecordStream)
+		// reads the zone only once that fill has landed, else it read
+		// the zone's old bytes as an overrun. A stream the driver no
+		// longer knows is skipped, as frees skip it.
+		if a := b.stream; a != 0 && a != s {
+			if err := p.dev.unlockedStreamSynchronize(a); err != nil && !streamGone(err) {
+				restore()
+				return fmt.Errorf("pool: synchronizing stream %#x, which filled the red zone, before its check: %w", uintptr(a), err)
+			}
+		}
 		err := d.lockedGuard(func() error {
 			err := d.guardVerify(ptr, b)
 			if errors.Is(err, ErrCorrupted) {

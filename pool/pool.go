@@ -2153,11 +2153,14 @@ func (p *Pool) noteReleased(n uint64) {
 
 // ForgetStream waits for the work queued on stream s
 // (cuStreamSynchronize), makes the blocks freed on s reusable by every
-// stream, and forgets s. Call it before destroying a stream used with
-// AllocOn or FreeOn: the pool synchronizes the streams it knows before it
-// returns memory to the driver, and a destroyed stream cannot be
-// synchronized (see "Destroyed streams" in streams.go). Forgetting a
-// stream the pool does not know, or one dropped already, does nothing.
+// stream (those of the per-P caches stay theirs, for the default stream),
+// takes s off the uses RecordStream recorded for live blocks (their
+// frees no longer wait for it, nor name it), and forgets s. Call it
+// before destroying a stream used with AllocOn, FreeOn or RecordStream:
+// the pool synchronizes the streams it knows before it returns memory to
+// the driver, and a destroyed stream cannot be synchronized (see
+// "Destroyed streams" in streams.go). Forgetting a stream the pool does
+// not know, or one dropped already, does nothing.
 // Errors: ErrClosed, device errors (nothing changed).
 func (p *Pool) ForgetStream(s device.Stream) error {
 	p.mu.Lock()

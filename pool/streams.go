@@ -2,6 +2,7 @@ package pool
 
 import (
 	"errors"
+	"slices"
 
 	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/tlsf"
@@ -24,7 +25,9 @@ import (
 // wait for it (cuStreamWaitEvent), which orders all frees made so far
 // before the new stream's work. From then on a free on S does not return
 // the block to the index: it joins S's pending set and its open batch. A
-// request on S first reuses a pending block of S of its exact size class.
+// request on S first reuses a pending block of S of exactly the size the
+// index would give it (Pool.fitSize: the request rounded up to 256 bytes
+// under best fit, its size class with GoodFit).
 // When an index search fails, and every pollInterval frees, the pool seals
 // the open batches, recording one event on each stream after all of its
 // frees (one driver call per batch, not per free), and polls the sealed
@@ -340,19 +343,47 @@ func (ss *streamSet) close(reclaim func(addr uint64)) error {
 	return errors.Join(errs...)
 }
 
-// forget synchronizes stream s, hands its pending blocks to reclaim, and
-// drops it. The caller is about to destroy s; a stream destroyed already
-// is dropped as drop does. On error nothing changed.
+// forget synchronizes stream s, hands its pending blocks to reclaim,
+// takes it off the uses of live blocks (RecordStream) and drops it. The
+// caller is about to destroy s; a stream destroyed already is dropped as
+// drop does. A stream known only from RecordStream is synchronized too:
+// before, its uses stayed, and the free of such a block named the
+// destroyed stream (cuEventRecord; on the H200 a crash), or, skipping it
+// as gone, let the block be reused under the stream's queued work. On
+// error nothing changed.
 func (ss *streamSet) forget(s device.Stream, reclaim func(addr uint64)) error {
-	st, ok := ss.all[s]
-	if !ok {
+	st, known := ss.all[s]
+	recorded := false
+	for _, uses := range ss.uses {
+		if slices.Contains(uses, s) {
+			recorded = true
+			break
+		}
+	}
+	if !known && !recorded {
 		return nil
 	}
 	if err := ss.dev.StreamSynchronize(s); err != nil && !streamGone(err) {
 		return err
 	}
-	// Every free on s is now done, and every event recorded on it.
-	ss.drop(st, reclaim)
+	// Every free on s is now done, every event recorded on it, and every
+	// use of a live block on it.
+	if recorded {
+		for addr, uses := range ss.uses {
+			if i := slices.Index(uses, s); i >= 0 {
+				uses = slices.Delete(slices.Clone(uses), i, i+1)
+				if len(uses) == 0 {
+					delete(ss.uses, addr)
+				} else {
+					ss.uses[addr] = uses
+				}
+			}
+		}
+		ss.onChange()
+	}
+	if known {
+		ss.drop(st, reclaim)
+	}
 	return nil
 }
 
