@@ -188,6 +188,21 @@ func (d *debugLayer) notePitch(ptr uintptr, size uint64) {
 	d.add(ptr, debugBlock{size: size, user: size, pitch: true})
 }
 
+// forgetStream forgets stream s in the blocks' records (ForgetStream,
+// which synchronized it): their red zones' fills on s are done, and a
+// later free or Check must not name s, which the caller is about to
+// destroy. Pool lock held.
+func (d *debugLayer) forgetStream(s device.Stream) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for ptr, b := range d.live {
+		if b.stream == s {
+			b.stream = 0
+			d.live[ptr] = b
+		}
+	}
+}
+
 // undo frees the block at ptr, allocated for a request of size bytes on
 // stream s, that alloc cannot hand out (the fill of its red zone failed:
 // a stream the device refuses), and takes the allocation and the free off

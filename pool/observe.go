@@ -23,8 +23,18 @@ func (p *Pool) retryAfterHook(size, align uint64) (b tlsf.Block, err error, done
 	if p.hooks >= maxOOMHooks {
 		return tlsf.Block{}, nil, false // fails as without a hook
 	}
+	start, before := p.missStart, p.reserved()
 	if err := p.runOOMHook(size); err != nil {
 		return tlsf.Block{}, err, true
+	}
+	// What the pool mapped or released while the hook ran (without the
+	// lock) is not this request's doing: allocMiss's baseline moves by it.
+	// (From this request's own: a request of the hook's set missStart
+	// anew meanwhile.)
+	if after := p.reserved(); after >= before {
+		p.missStart = start + (after - before)
+	} else {
+		p.missStart = start - min(start, before-after)
 	}
 	p.c.retries++
 	p.flushCaches()

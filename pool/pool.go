@@ -107,6 +107,10 @@ type Pool struct {
 	hist  *history    // nil unless Options.History > 0 (history.go)
 	peers []int       // devices granted access besides dev (peers.go)
 	oom   oomMemo     // the last request the out-of-memory path failed (share.go)
+	// missStart is reserved memory in bytes when the current request's
+	// miss began, moved by what changed while its OnOutOfMemory hook ran
+	// (allocMiss).
+	missStart uint64
 	// pressure is 1 + c.allocs at the last failed allocation, 0: none
 	// (mayRecycle, share.go).
 	pressure uint64
@@ -714,13 +718,16 @@ func (p *Pool) backPlaced(b tlsf.Block, size, need uint64) error {
 // the hook), as much unused memory is released (releaseUnused: it waits
 // for the streams that freed memory first, and takes standby pages back
 // into the heap, as every release does), as capi/tlsf.h promises of a
-// failed call, and the peak of reserved memory is what it was. (Not the
-// peak where OnOutOfMemory is set: its hook runs without the pool's
-// lock, and what it allocates may raise it.) Pool lock held.
+// failed call, and the peak of reserved memory is what it was. Where
+// OnOutOfMemory is set, what its hook and other goroutines made the pool
+// map or release while the hook ran (without the pool's lock) is theirs:
+// the baseline moves by it (missStart, retryAfterHook), and the peak is
+// left as it is. Pool lock held.
 func (p *Pool) allocMiss(size, align uint64) (tlsf.Block, error) {
-	start, peak := p.reserved(), p.c.reservedPeak
+	p.missStart = p.reserved()
+	peak := p.c.reservedPeak
 	b, err := p.allocMissPath(size, align)
-	if err != nil && p.reserved() > start {
+	if start := p.missStart; err != nil && !p.closed && p.reserved() > start {
 		prev := p.dev.enter(PathOutOfMemory)
 		defer p.dev.leave(prev)
 		if _, rerr := p.releaseUnused(p.reserved() - start); rerr == nil && p.reserved() <= start && p.opts.OnOutOfMemory == nil {
@@ -952,8 +959,10 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 // (growAndSearch's tail: the out-of-memory path's move may take pages
 // from under the top). Where best fit places the request elsewhere, on
 // released pages it cannot back (a full device), the block lying on the
-// fewest released pages among the candidates (placeFewestHoles: the grown
-// top, or one better) is backed and taken instead. Before, that search
+// fewest released pages among the candidates (placeFewestHoles, up to
+// placeCandidates of them: the grown top where it is among them) is
+// backed and taken instead, room made first as search makes it
+// (makeRoom). Before, that search
 // took only a block lying on none (searchMapped), and a request whose
 // grown top kept a released page failed with the memory it needed
 // mapped (testdata/top-holes.ops). Only a failed search changes: where
@@ -969,6 +978,11 @@ func (p *Pool) searchGrown(size, align uint64) (tlsf.Block, error) {
 		return tlsf.Block{}, err
 	}
 	if need > 0 {
+		if merr := p.makeRoom(need, false); merr != nil {
+			_, _ = p.x.Free(c.Addr)
+			return tlsf.Block{}, err
+		}
+		p.setFine(c.Size)
 		if berr := p.backPlaced(c, size, need); berr != nil {
 			return tlsf.Block{}, err
 		}
@@ -2168,7 +2182,13 @@ func (p *Pool) ForgetStream(s device.Stream) error {
 	if p.closed {
 		return ErrClosed
 	}
-	return p.ss.forget(s, p.reclaimPending)
+	if err := p.ss.forget(s, p.reclaimPending); err != nil {
+		return err
+	}
+	if d := p.dbg; d != nil {
+		d.forgetStream(s)
+	}
+	return nil
 }
 
 // Trim returns all unused device memory to the driver: it flushes the

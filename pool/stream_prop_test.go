@@ -141,6 +141,7 @@ func (r *rrig) step() {
 		}
 		s := r.pick()
 		require.NoError(t, r.p.RecordStream(ptr, s))
+		r.known[s] = true // the pool knows it now: ForgetStream must wait for it
 		if !slices.Contains(b.recorded, s) {
 			b.recorded = append(b.recorded, s)
 		}
@@ -202,6 +203,8 @@ func (r *rrig) step() {
 			r.fail("forget: %v", err)
 		}
 		if !r.known[s] {
+			// A stream the pool never saw: its work is the caller's to
+			// finish before destroying it.
 			require.NoError(t, r.sd.StreamSynchronize(s))
 		}
 		delete(r.known, s)

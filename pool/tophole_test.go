@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
@@ -136,8 +137,8 @@ func TestAGrowthAfterAMoveServesItsRequest(t *testing.T) {
 // free top's released pages, which the growth counted, refused by a full
 // device) leaves the pool no more memory than before, with or without
 // OnOutOfMemory (Pool.allocMiss); without it, the peak of reserved memory
-// is as it was too. (Before, the growth stayed: 10 MiB reserved became
-// 100.)
+// is as it was too. (At 971a2ea the growth stayed: 10 MiB reserved
+// became 100.)
 func TestAFailedRequestKeepsNoGrowth(t *testing.T) {
 	for _, hook := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hook=%v", hook), func(t *testing.T) {
@@ -177,4 +178,31 @@ func TestAFailedRequestKeepsNoGrowth(t *testing.T) {
 			require.NoError(t, p.Free(a))
 		})
 	}
+}
+
+// What OnOutOfMemory's hook makes the pool map, while it runs without the
+// pool's lock, is not the failed request's: the request releases none of
+// it (allocMiss takes its baseline again after the hook).
+func TestAFailedRequestKeepsWhatItsHookMapped(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: 256 * miB})
+	d := onSim(sd)
+	var p *Pool
+	var once sync.Once
+	p = openPool(t, d, Options{OnOutOfMemory: func(uint64) {
+		once.Do(func() {
+			if warm, err := p.Alloc(32 * miB); err == nil { // another user's growth, kept free for reuse
+				_ = p.Free(warm)
+			}
+		})
+	}})
+	a, err := p.Alloc(150 * miB)
+	require.NoError(t, err)
+	before := p.Stats()
+	_, err = p.Alloc(200 * miB)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	after := p.Stats()
+	require.Equal(t, before.Releases, after.Releases, "the failed request released the hook's memory")
+	require.Greater(t, after.Reserved, before.Reserved, "the hook's growth stays")
+	checkStep(t, p, d)
+	require.NoError(t, p.Free(a))
 }

@@ -488,6 +488,9 @@ func TestAVerdictSkipsBackendsThatFailed(t *testing.T) {
 	require.Equal(t, exitOK, status, errs)
 	require.Contains(t, out, "lstm tlsf-chunks: ", "chunks fails allocations under this cap")
 	assert.Contains(t, out, "verdict lstm: tlsf-vmm peak reserved")
+	// The peers' rows stay: the trace is the embedded one, whatever the
+	// replay under the cap skipped.
+	assert.Contains(t, out, "peer torch+expandable")
 	out, errs, status = cli(t, "replay", "--device", "sim", "--warm-runs", "1", "--backend", "tlsf-vmm", "--cap", "2MiB", "lstm")
 	require.Equal(t, exitOK, status, errs)
 	assert.Contains(t, out, "verdict lstm: every pool backend failed allocations under the cap of 2097152 bytes")

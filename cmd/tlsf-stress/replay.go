@@ -160,6 +160,9 @@ type replayResult struct {
 	// (trace.Trace.Skipped: frees of no live block, zero-byte
 	// allocations in a snapshot or CSV whose recording began mid-run).
 	SkippedRecords int `json:"skipped_records"`
+	// traceOps is the trace's own operations (Ops counts those replayed:
+	// a failed allocation and its free are not), for baselineOf.
+	traceOps int
 
 	series []sample // live and reserved bytes over the first replay, with --plot
 }
@@ -308,7 +311,7 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 	r := &replayResult{
 		Trace: t.Name, Source: t.Source, Format: t.Format.String(), Backend: be,
 		Device: dev.Name(), DeviceKind: ds.kind, PeakLiveBytes: t.PeakLive(), CapBytes: capBytes,
-		SkippedRecords: t.Skipped, Conf: ds.confOf(be),
+		SkippedRecords: t.Skipped, Conf: ds.confOf(be), traceOps: len(t.Ops),
 	}
 	sd, _ := dev.(*sim.Device)
 	ct := replay.Compile(t)

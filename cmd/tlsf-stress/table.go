@@ -220,11 +220,12 @@ func sameTrace(a, b *replayResult) bool { return a.Trace == b.Trace && a.Source 
 
 // baselineOf returns the peers' figures for r's trace: those recorded for
 // the embedded trace of its name, where r replayed that trace (the same
-// number of operations and peak live bytes), not a file that only shares
-// its name.
+// number of operations and peak live bytes, the trace's own: under a cap
+// a replay skips the frees of failed allocations), not a file that only
+// shares its name.
 func baselineOf(baselines map[string]trace.Baseline, r *replayResult) (trace.Baseline, bool) {
 	bl, ok := baselines[r.Trace]
-	if !ok || bl.Ops != r.Ops || bl.PeakLiveBytes != r.PeakLiveBytes {
+	if !ok || bl.Ops != r.traceOps || bl.PeakLiveBytes != r.PeakLiveBytes {
 		return trace.Baseline{}, false
 	}
 	return bl, true
