@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime/debug"
 	"slices"
 	"testing"
 
@@ -72,24 +71,10 @@ func campaignOps() int {
 	switch {
 	case testing.Short():
 		return 150
-	case raceEnabled():
+	case pool.RaceBuild():
 		return 300
 	}
 	return 2000
-}
-
-// raceEnabled reports whether the test binary was built with -race.
-func raceEnabled() bool {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "-race" {
-			return s.Value == "true"
-		}
-	}
-	return false
 }
 
 func TestFaultCampaigns(t *testing.T) {

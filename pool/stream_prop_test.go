@@ -296,7 +296,7 @@ func TestRandomStreamOrder(t *testing.T) {
 		}
 	}
 	seeds := 6
-	if testing.Short() || raceBuild() {
+	if testing.Short() || RaceBuild() {
 		seeds = 2
 	}
 	if s := os.Getenv("TLSF_STREAM_SEEDS"); s != "" {
@@ -343,8 +343,10 @@ func TestRandomStreamOrder(t *testing.T) {
 	}
 }
 
-// raceBuild reports whether the test binary was built with -race.
-func raceBuild() bool {
+// RaceBuild reports whether the test binary was built with -race: fewer
+// runs of the slowest tests, which the race detector slows tenfold. (A
+// test-only export: the package's external tests use it too.)
+func RaceBuild() bool {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return false
