@@ -962,11 +962,11 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 // fewest released pages among the candidates (placeFewestHoles, up to
 // placeCandidates of them: the grown top where it is among them) is
 // backed and taken instead, room made first as search makes it
-// (makeRoom). Before, that search
-// took only a block lying on none (searchMapped), and a request whose
-// grown top kept a released page failed with the memory it needed
-// mapped (testdata/top-holes.ops). Only a failed search changes: where
-// best fit's block can be backed, it is taken, as before.
+// (makeRoom). Before, that search took only a block lying on none
+// (searchMapped), and a request whose grown top kept a released page
+// failed with the memory it needed mapped (testdata/top-holes.ops). Only
+// a failed search changes: where best fit's block can be backed, it is
+// taken, as before.
 func (p *Pool) searchGrown(size, align uint64) (tlsf.Block, error) {
 	b, err := p.search(size, align)
 	h := p.vmm
