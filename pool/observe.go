@@ -23,19 +23,22 @@ func (p *Pool) retryAfterHook(size, align uint64) (b tlsf.Block, err error, done
 	if p.hooks >= maxOOMHooks {
 		return tlsf.Block{}, nil, false // fails as without a hook
 	}
-	start, before := p.missStart, p.reserved()
+	// What the pool mapped while the hook ran (without the lock) is not
+	// this request's doing: allocMiss's baseline is what reserved memory
+	// is after the hook less what this request itself had mapped by then,
+	// its own growth, of which whatever the window released (a Trim, a
+	// release of another request) went first, being unused. (Counted in a
+	// local: a request of the hook's sets missStart anew meanwhile. A net
+	// change would take a release of this request's growth followed by a
+	// growth of the hook's as no change, and release the hook's memory.)
+	before := p.reserved()
+	own, released := before-min(before, p.missStart), p.c.releasedBytes
 	if err := p.runOOMHook(size); err != nil {
 		return tlsf.Block{}, err, true
 	}
-	// What the pool mapped or released while the hook ran (without the
-	// lock) is not this request's doing: allocMiss's baseline moves by it.
-	// (From this request's own: a request of the hook's set missStart
-	// anew meanwhile.)
-	if after := p.reserved(); after >= before {
-		p.missStart = start + (after - before)
-	} else {
-		p.missStart = start - min(start, before-after)
-	}
+	own -= min(own, p.c.releasedBytes-released)
+	after := p.reserved()
+	p.missStart = after - min(after, own)
 	p.c.retries++
 	p.flushCaches()
 	_ = p.pollPending(true)

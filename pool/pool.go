@@ -980,7 +980,10 @@ func (p *Pool) searchGrown(size, align uint64) (tlsf.Block, error) {
 	if need > 0 {
 		if merr := p.makeRoom(need, false); merr != nil {
 			_, _ = p.x.Free(c.Addr)
-			return tlsf.Block{}, err
+			if retryable(merr) {
+				return tlsf.Block{}, err
+			}
+			return tlsf.Block{}, merr // a device error, as backSearched returns it
 		}
 		p.setFine(c.Size)
 		if berr := p.backPlaced(c, size, need); berr != nil {
@@ -2186,7 +2189,7 @@ func (p *Pool) ForgetStream(s device.Stream) error {
 		return err
 	}
 	if d := p.dbg; d != nil {
-		d.forgetStream(s)
+		return d.forgetStream(s)
 	}
 	return nil
 }

@@ -206,3 +206,52 @@ func TestAFailedRequestKeepsWhatItsHookMapped(t *testing.T) {
 	checkStep(t, p, d)
 	require.NoError(t, p.Free(a))
 }
+
+// A hook that releases the request's own growth (a Trim) and then maps
+// memory of its own: the failed request releases none of the hook's
+// memory. (A baseline moved by the net change across the hook took the
+// two as no change, and the request released the hook's 20 MiB.)
+func TestAFailedRequestKeepsWhatItsHookMappedAfterATrim(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: 256 * miB})
+	d := onSim(sd)
+	var p *Pool
+	var hookEnd Stats
+	var hookErr error
+	calls := 0
+	p = openPool(t, d, Options{Backend: BackendVMM, OnOutOfMemory: func(uint64) {
+		calls++
+		if calls > 1 {
+			return
+		}
+		sd.ClearFaults()
+		if _, hookErr = p.Trim(); hookErr != nil {
+			return
+		}
+		var w uintptr
+		if w, hookErr = p.Alloc(20 * miB); hookErr != nil { // the hook's warm memory, kept for reuse
+			return
+		}
+		hookErr = p.Free(w)
+		hookEnd = p.Stats()
+		sd.FailRate(device.CallMemCreate, 1, device.ErrOutOfMemory)
+	}})
+	a, err := p.Alloc(10 * miB)
+	require.NoError(t, err)
+	b, err := p.Alloc(10 * miB)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(b))
+	_, err = p.Trim()
+	require.NoError(t, err)
+	for i := uint64(2); i < 200; i++ {
+		sd.FailNth(device.CallMemCreate, i, device.ErrOutOfMemory)
+	}
+	_, err = p.Alloc(100 * miB)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	sd.ClearFaults()
+	require.NoError(t, hookErr)
+	after := p.Stats()
+	require.Equal(t, hookEnd.Releases, after.Releases, "the failed request released the hook's memory")
+	require.GreaterOrEqual(t, after.Reserved, hookEnd.Reserved)
+	checkStep(t, p, d)
+	require.NoError(t, p.Free(a))
+}
