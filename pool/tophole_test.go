@@ -149,24 +149,10 @@ func TestAFailedRequestKeepsNoGrowth(t *testing.T) {
 				o.OnOutOfMemory = func(uint64) {}
 			}
 			p := openPool(t, d, o)
-			a, err := p.Alloc(10 * miB)
-			require.NoError(t, err)
-			b, err := p.Alloc(10 * miB)
-			require.NoError(t, err)
-			require.NoError(t, p.Free(b))
-			_, err = p.Trim() // the free top's pages released
-			require.NoError(t, err)
-			p.mu.Lock()
-			tail := p.vmm.unbackedTail()
-			p.mu.Unlock()
-			require.NotZero(t, tail)
+			a := releasedTop(t, p)
 			before := p.Stats()
-			// Every cuMemCreate but the first refuses: the growth maps,
-			// the top's released pages under the block find no memory.
-			for i := uint64(2); i < 200; i++ {
-				sd.FailNth(device.CallMemCreate, i, device.ErrOutOfMemory)
-			}
-			_, err = p.Alloc(100 * miB)
+			failCreatesButOne(sd)
+			_, err := p.Alloc(100 * miB)
 			require.ErrorIs(t, err, ErrOutOfMemory)
 			sd.ClearFaults()
 			checkStep(t, p, d)
@@ -235,17 +221,9 @@ func TestAFailedRequestKeepsWhatItsHookMappedAfterATrim(t *testing.T) {
 		hookEnd = p.Stats()
 		sd.FailRate(device.CallMemCreate, 1, device.ErrOutOfMemory)
 	}})
-	a, err := p.Alloc(10 * miB)
-	require.NoError(t, err)
-	b, err := p.Alloc(10 * miB)
-	require.NoError(t, err)
-	require.NoError(t, p.Free(b))
-	_, err = p.Trim()
-	require.NoError(t, err)
-	for i := uint64(2); i < 200; i++ {
-		sd.FailNth(device.CallMemCreate, i, device.ErrOutOfMemory)
-	}
-	_, err = p.Alloc(100 * miB)
+	a := releasedTop(t, p)
+	failCreatesButOne(sd)
+	_, err := p.Alloc(100 * miB)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	sd.ClearFaults()
 	require.NoError(t, hookErr)
@@ -254,4 +232,31 @@ func TestAFailedRequestKeepsWhatItsHookMappedAfterATrim(t *testing.T) {
 	require.GreaterOrEqual(t, after.Reserved, hookEnd.Reserved)
 	checkStep(t, p, d)
 	require.NoError(t, p.Free(a))
+}
+
+// releasedTop allocates 10 MiB, which it returns, and a block above it
+// that it frees, then trims the pool: the heap's free top lies on
+// released pages.
+func releasedTop(t *testing.T, p *Pool) uintptr {
+	t.Helper()
+	a, err := p.Alloc(10 * miB)
+	require.NoError(t, err)
+	b, err := p.Alloc(10 * miB)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(b))
+	_, err = p.Trim()
+	require.NoError(t, err)
+	p.mu.Lock()
+	tail := p.vmm.unbackedTail()
+	p.mu.Unlock()
+	require.NotZero(t, tail)
+	return a
+}
+
+// failCreatesButOne makes every cuMemCreate but the next refuse: a growth
+// maps, and the released pages under the block grown for find no memory.
+func failCreatesButOne(sd *sim.Device) {
+	for i := uint64(2); i < 200; i++ {
+		sd.FailNth(device.CallMemCreate, i, device.ErrOutOfMemory)
+	}
 }
