@@ -435,6 +435,24 @@ func expectRefused(t *testing.T, name string, o pool.Options, want error) {
 	}
 }
 
+// A device whose memory doubled wraps 2^64 gets the largest default
+// address range, tlsf.MaxSize, not one of the wrapped size: here more than
+// the simulated process's window holds, so New fails naming it and leaves
+// nothing behind.
+func TestTheDefaultVirtualRangeOfAHugeDeviceIsAtMostMaxSize(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: 1 << 63})
+	_, err := pool.New(sd, pool.Options{})
+	if !errors.Is(err, device.ErrOutOfMemory) {
+		t.Fatalf("New: got %v, want device.ErrOutOfMemory", err)
+	}
+	if want := fmt.Sprintf("reserving %d bytes of address space", uint64(tlsf.MaxSize)); !bytes.Contains([]byte(err.Error()), []byte(want)) {
+		t.Fatalf("New: %v does not say %q", err, want)
+	}
+	if st := sd.Stats(); st.Used != 0 || st.Reservations != 0 {
+		t.Fatalf("New failed but left %+v", st)
+	}
+}
+
 // Zero selects a knob's default, or turns it off, as Options documents:
 // a pool with the zero value of a field behaves exactly as one with the
 // documented default spelled out, through the same workload.

@@ -175,8 +175,9 @@ func newVMMHeap(dev *counted, x *tlsf.Index, vsize, total uint64) (*vmmHeap, err
 	if vsize == 0 {
 		// Twice the device: address space is cheap (the GPU's is 2^49
 		// bytes), and fragmentation of it must not end a pool that still
-		// has physical memory to map.
-		vsize = 2 * total
+		// has physical memory to map. At most tlsf.MaxSize, which
+		// VirtualSize may not exceed either.
+		vsize = 2 * min(total, tlsf.MaxSize/2)
 	}
 	vsize = roundUp(vsize, gran)
 	base, err := dev.AddressReserve(vsize, gran)

@@ -48,7 +48,8 @@
 // It needs nothing but the module: go run ./cmd/tlsf-stress. Where no
 // GPU is found it says so once, on standard error (--device sim chooses
 // the simulated device without the note). --sim-capacity below the
-// simulated GPU's 2 MiB granularity is refused.
+// simulated GPU's 2 MiB granularity, or above 2 TiB (twice that fills
+// the address space a simulated process has), is refused.
 //
 // The replay table has a row per trace and backend and, below ours, the
 // peers' rows; the "measured" column says where each row's figures come
@@ -216,7 +217,8 @@
 // device_calls_by_path: the pool's driver calls by the path that made them,
 // pool.Path's names, each an object of driver entry point → calls, the
 // non-zero ones), problem_count,
-// problems (the first 20), error_count, errors, ok.
+// problems (the first 20), error_count, errors, interrupted (true only
+// when a signal stopped the run, else absent), ok.
 //
 // # run --devices
 //
@@ -238,8 +240,9 @@
 // verified_blocks, verified_bytes, peak_live_bytes, per_device (ordinal,
 // peak_reserved_bytes, device_calls, device_calls_by_name, peer_access),
 // workload_device_calls, copy_bench_bytes, pool_copy_gbps,
-// plain_copy_gbps, copy_ratio (GPU only, else 0), problem_count,
-// problems, error_count, errors, ok.
+// plain_copy_gbps, copy_ratio (GPU only, and not when interrupted; else
+// 0), problem_count, problems, error_count, errors, interrupted (as
+// run's), ok.
 //
 // # multi
 //
@@ -278,5 +281,9 @@
 // 0 when all went well; 1 for failures: corruption, overlaps, lost
 // blocks, unexpected errors, a crashed child, a replay whose free failed,
 // or allocations that failed in a replay without --cap (with --cap they
-// are the measurement); 2 for a bad command line.
+// are the measurement); 2 for a bad command line; 130 when SIGINT or
+// SIGTERM stopped the run: run and multi then report the operations done
+// ("interrupted" in the first line, the JSON's "interrupted": true; multi
+// interrupts its child processes, which report too), replay the rows
+// replayed, and a second interrupt ends the program at once.
 package main

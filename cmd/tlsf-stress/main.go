@@ -1,12 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
+	"github.com/gpumem/tlsf/device/sim"
 	"github.com/gpumem/tlsf/internal/replay"
 	"github.com/gpumem/tlsf/internal/trace"
 	"github.com/gpumem/tlsf/pool"
@@ -16,10 +20,13 @@ import (
 
 // Exit statuses (see doc.go).
 const (
-	exitOK      = 0
-	exitFailed  = 1 // failed replays, corruption, lost blocks, errors
-	exitUsage   = 2 // bad flags or arguments
-	usageSuffix = "\nRun 'tlsf-stress --help' for usage."
+	exitOK     = 0
+	exitFailed = 1 // failed replays, corruption, lost blocks, errors
+	exitUsage  = 2 // bad flags or arguments
+	// exitInterrupted: SIGINT or SIGTERM stopped the run, which reported
+	// what ran before it (128 + SIGINT's number, as shells give).
+	exitInterrupted = 130
+	usageSuffix     = "\nRun 'tlsf-stress --help' for usage."
 )
 
 // usageError is a command line the tool cannot run: exit status 2.
@@ -36,20 +43,58 @@ func usagef(format string, args ...any) error {
 // described in its output: exit status 1 with no further message.
 var errFailed = errors.New("failures found")
 
+// errInterrupted reports a run that SIGINT or SIGTERM stopped early (the
+// context of execute ended) after it reported what ran: exit status 130.
+var errInterrupted = errors.New("interrupted")
+
 func main() {
-	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(executeSignals(os.Args[1:]))
+}
+
+// executeSignals is execute stopped early by SIGINT or SIGTERM (see
+// executeContext). The first interrupt stops the run, a second ends the
+// program; a multi child heeds every interrupt the same way.
+func executeSignals(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	child := len(args) > 0 && args[0] == multiChildCmd
+	go func() {
+		<-ctx.Done()
+		if child {
+			// multi's parent sends a child SIGINT as the terminal may
+			// have: either one stops it, and it still reports.
+			return
+		}
+		stop() // a second interrupt ends the program at once
+		fmt.Fprintln(os.Stderr, "tlsf-stress: interrupted: stopping and reporting what ran (interrupt again to quit at once)")
+	}()
+	return executeContext(ctx, args, os.Stdout, os.Stderr)
 }
 
 // execute runs the command line args (without the program name), writing
 // results to stdout and diagnostics to stderr, and returns the exit
 // status. Tests call it in-process.
 func execute(args []string, stdout, stderr io.Writer) int {
+	return executeContext(context.Background(), args, stdout, stderr)
+}
+
+// executeContext is execute stopped early when ctx ends: run, multi and
+// replay then report what ran before it and exit with status 130.
+func executeContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd(stdout, stderr)
 	root.SetArgs(args)
-	err := root.Execute()
+	err := root.ExecuteContext(ctx)
+	if ctx.Err() != nil && (err == nil || errors.Is(err, errFailed)) && (len(args) == 0 || args[0] != multiChildCmd) {
+		// The run stopped as ctx ended, and reported; a child's parent
+		// judges its report.
+		err = errInterrupted
+	}
 	switch {
 	case err == nil:
 		return exitOK
+	case errors.Is(err, errInterrupted):
+		fmt.Fprintln(stderr, "tlsf-stress: interrupted: the report covers what ran before it")
+		return exitInterrupted
 	case errors.Is(err, errFailed):
 		return exitFailed
 	case errors.As(err, new(usageError)):
@@ -139,6 +184,9 @@ trace: our best pool backend against the best peer. It is 'replay --min-cap'.`,
 		}
 		if g.simCapacity > 0 && g.simCapacity < minSimCapacity {
 			return usagef("--sim-capacity %d: below the simulated GPU's allocation granularity of %d bytes (2 MiB), no pool could map a page", uint64(g.simCapacity), minSimCapacity)
+		}
+		if uint64(g.simCapacity) > sim.MaxCapacity {
+			return usagef("--sim-capacity %d: above the simulated GPU's largest, %d bytes (2 TiB), whose double fits its address space", uint64(g.simCapacity), uint64(sim.MaxCapacity))
 		}
 		switch g.device {
 		case "", deviceCUDA, deviceSim:

@@ -25,7 +25,7 @@ import (
 // re-executes itself (os.Executable is the test binary then).
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == multiChildCmd {
-		os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
+		os.Exit(executeSignals(os.Args[1:]))
 	}
 	os.Exit(m.Run())
 }

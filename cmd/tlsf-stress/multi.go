@@ -32,6 +32,7 @@ import (
 	"strconv"
 	"sync"
 	"text/tabwriter"
+	"time"
 
 	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/device/sim"
@@ -270,6 +271,7 @@ func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts,
 	rep := s.run()
 	stop()
 	res.runResult = summarize(ds, dev, a, &o.workloadFlags, rep)
+	res.Interrupted = ctx.Err() != nil
 	res.TotalBytes, res.OOMWithinShare, res.OOMStillWithin = total, rep.OOMsWithin, rep.OOMsStill
 	res.CapBytes = cfg.share // the pool's cap, or MaxFraction × total
 	if total > 0 {
@@ -394,6 +396,11 @@ func runMulti(cmd *cobra.Command, g *globalFlags, o *multiOpts) error {
 // a child that crashed or reported nothing gets an outcome saying so.
 func execChild(ctx context.Context, exe string, args []string, index int, errw io.Writer) *childResult {
 	cmd := exec.CommandContext(ctx, exe, args...)
+	// When ctx ends (SIGINT or SIGTERM to this process), the child is
+	// interrupted as the terminal would, so that it stops and reports;
+	// one that has not exited childWaitDelay later is killed.
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = childWaitDelay
 	var stdout bytes.Buffer
 	cmd.Stdout = &stdout
 	cmd.Stderr = &prefixWriter{w: errw, prefix: fmt.Sprintf("[proc %d] ", index)}
@@ -403,6 +410,10 @@ func execChild(ctx context.Context, exe string, args []string, index int, errw i
 	switch {
 	case errors.As(err, &ee):
 		status = ee.ExitCode()
+	case err != nil && cmd.ProcessState != nil:
+		// Interrupted (ctx ended), the child exited with status 0: Run
+		// reports ctx's error.
+		status = cmd.ProcessState.ExitCode()
 	case err != nil:
 		return failedChild(index, -1, fmt.Sprintf("starting the child: %v", err))
 	}
@@ -430,6 +441,11 @@ func execChild(ctx context.Context, exe string, args []string, index int, errw i
 	}
 	return res
 }
+
+// childWaitDelay is how long an interrupted child has to stop and report
+// before it is killed: a goroutine's operation in progress ends within
+// it, unless the device hangs.
+const childWaitDelay = 30 * time.Second
 
 func failedChild(index, status int, msg string) *childResult {
 	return &childResult{Proc: index, ExitStatus: status, runResult: &runResult{
@@ -476,8 +492,11 @@ func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results [
 	var ooms, within, still int64
 	for _, r := range results {
 		status := "ok"
-		if !r.OK {
+		switch {
+		case !r.OK:
 			status = "FAILED"
+		case r.Interrupted:
+			status = "interrupted"
 		}
 		ooms += r.OutOfMemory
 		within += r.OOMWithinShare

@@ -153,6 +153,7 @@ type peerResult struct {
 	Problems            []string           `json:"problems"`
 	ErrorCount          int64              `json:"error_count"`
 	Errors              []string           `json:"errors"`
+	Interrupted         bool               `json:"interrupted,omitempty"` // as runResult's
 	OK                  bool               `json:"ok"`
 }
 
@@ -245,7 +246,8 @@ func runPeer(cmd *cobra.Command, g *globalFlags, o *runOpts, ords []int) error {
 	rep := r.run()
 	stopProgress()
 	res := r.summarize(pd, o, rep)
-	if pd.kind == deviceCUDA {
+	res.Interrupted = cmd.Context().Err() != nil
+	if pd.kind == deviceCUDA && !res.Interrupted {
 		r.bench(res)
 	}
 	if err := ps.Close(); err != nil {
@@ -521,8 +523,8 @@ func (r *peerRun) bench(res *peerResult) {
 }
 
 func printPeerSummary(w io.Writer, r *peerResult) {
-	fmt.Fprintf(w, "run: %d ops in %.2fs (%.0f ops/s) on devices %v, %s (%s), backend %s, %d goroutines\n",
-		r.Ops, r.ElapsedSeconds, r.OpsPerSecond, r.Devices, r.Device, r.DeviceKind, r.Backend, r.Goroutines)
+	fmt.Fprintf(w, "run%s: %d ops in %.2fs (%.0f ops/s) on devices %v, %s (%s), backend %s, %d goroutines\n",
+		interruptedNote(r.Interrupted), r.Ops, r.ElapsedSeconds, r.OpsPerSecond, r.Devices, r.Device, r.DeviceKind, r.Backend, r.Goroutines)
 	fmt.Fprintf(w, "  allocs %d, frees %d, out of memory %d\n", r.Allocs, r.Frees, r.OutOfMemory)
 	fmt.Fprintf(w, "  copies %d (%d between devices), %s copied; verified (%s) %d blocks, %s read back\n",
 		r.Copies, r.PeerCopies, gib(r.CopiedBytes), r.Verify, r.VerifiedBlocks, gib(r.VerifiedBytes))

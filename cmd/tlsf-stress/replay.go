@@ -260,6 +260,14 @@ func runReplay(cmd *cobra.Command, g *globalFlags, o *replayOpts, args []string)
 				if (be == backendAsync) != asyncPass {
 					continue
 				}
+				if cmd.Context().Err() != nil {
+					// Interrupted: the rows replayed so far, then exit
+					// status 130 (no plot or snapshot).
+					if _, err := emit(); err != nil {
+						return err
+					}
+					return errInterrupted
+				}
 				r, err := replayTraceBackend(ds, t, be, o)
 				if err != nil {
 					_, _ = emit()

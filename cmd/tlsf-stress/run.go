@@ -206,7 +206,10 @@ type runResult struct {
 	Problems            []string          `json:"problems"`
 	ErrorCount          int64             `json:"error_count"`
 	Errors              []string          `json:"errors"`
-	OK                  bool              `json:"ok"`
+	// Interrupted: SIGINT or SIGTERM ended the run before its --ops or
+	// --duration did; the figures are those of what ran.
+	Interrupted bool `json:"interrupted,omitempty"`
+	OK          bool `json:"ok"`
 }
 
 // poolSummary is what a TLSF pool's statistics add to a run's outcome.
@@ -257,6 +260,7 @@ func runRun(cmd *cobra.Command, g *globalFlags, o *runOpts) error {
 	stopProgress()
 	res := summarize(ds, dev, a, &o.workloadFlags, rep)
 	res.CapBytes = capBytes
+	res.Interrupted = cmd.Context().Err() != nil
 	if err := a.close(); err != nil {
 		res.ErrorCount++
 		res.Errors = append(res.Errors, "closing the allocator: "+err.Error())
@@ -307,6 +311,15 @@ func summarize(ds *devices, dev device.Device, a allocator, w *workloadFlags, re
 	return res
 }
 
+// interruptedNote is what a report's first line says of a run a signal
+// ended early.
+func interruptedNote(interrupted bool) string {
+	if interrupted {
+		return " (interrupted)"
+	}
+	return ""
+}
+
 // outcome returns what run and run --devices report of rep besides its
 // counts: its problems and errors, empty rather than nil (--json writes
 // arrays), and its operations per second (0 when no time passed).
@@ -325,8 +338,8 @@ func (rep *stressReport) outcome() (problems, errs []string, opsPerSecond float6
 }
 
 func printRunSummary(w io.Writer, r *runResult) {
-	fmt.Fprintf(w, "run: %d ops in %.2fs (%.0f ops/s) on %s (%s), backend %s, %d goroutines, %s stream\n",
-		r.Ops, r.ElapsedSeconds, r.OpsPerSecond, r.Device, r.DeviceKind, r.Backend, r.Goroutines, r.Stream)
+	fmt.Fprintf(w, "run%s: %d ops in %.2fs (%.0f ops/s) on %s (%s), backend %s, %d goroutines, %s stream\n",
+		interruptedNote(r.Interrupted), r.Ops, r.ElapsedSeconds, r.OpsPerSecond, r.Device, r.DeviceKind, r.Backend, r.Goroutines, r.Stream)
 	fmt.Fprintf(w, "  allocs %d, frees %d, out of memory %d\n", r.Allocs, r.Frees, r.OutOfMemory)
 	fmt.Fprintf(w, "  verified (%s) %d blocks, %s read back\n", r.Verify, r.VerifiedBlocks, gib(r.VerifiedBytes))
 	ratio := 0.0

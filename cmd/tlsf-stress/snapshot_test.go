@@ -108,6 +108,19 @@ func TestSimCapacityBelowTheGranularityIsRefused(t *testing.T) {
 	require.Equal(t, exitOK, status, errs)
 }
 
+func TestSimCapacityAboveItsAddressSpaceIsRefused(t *testing.T) {
+	for _, c := range []string{"2199023255553", "9223372036854775808", "16EiB"} {
+		out, errs, status := cli(t, "replay", "--device", "sim", "--sim-capacity", c, "lstm")
+		require.Equal(t, exitUsage, status, "%s: %s", c, errs)
+		require.Empty(t, out, c)
+		if c != "16EiB" {
+			require.Contains(t, errs, "above the simulated GPU's largest, 2199023255552 bytes (2 TiB)")
+		}
+	}
+	_, errs, status := cli(t, "run", "--device", "sim", "--sim-capacity", "2TiB", "--ops", "10", "--max-size", "4096")
+	require.Equal(t, exitOK, status, errs)
+}
+
 func TestMultiPrintsProgressAndTheNoGPUNoteOnce(t *testing.T) {
 	out, errs, status := cli(t, "multi", "--sim-capacity", "256MiB", "--procs", "2", "--ops", "200000", "--progress-interval", "1ms")
 	require.Equal(t, exitOK, status, errs)

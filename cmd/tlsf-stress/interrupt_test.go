@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// cliInterrupted runs the command line as execute does, with its context
+// ended after d, as SIGINT ends main's.
+func cliInterrupted(t *testing.T, d time.Duration, args ...string) (stdout, stderr string, status int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var o, e bytes.Buffer
+	status = executeContext(ctx, args, &o, &e)
+	return o.String(), e.String(), status
+}
+
+// An interrupted run stops, reports what it did and exits with 130.
+func TestAnInterruptedRunReportsWhatRan(t *testing.T) {
+	start := time.Now()
+	out, errs, status := cliInterrupted(t, 300*time.Millisecond, "run", "--device", "sim", "--sim-capacity", "1GiB",
+		"--ops", "0", "--duration", "1h", "-g", "2", "--json")
+	require.Equal(t, exitInterrupted, status, "%s\n%s", out, errs)
+	assert.Less(t, time.Since(start), time.Minute)
+	assert.Contains(t, errs, "interrupted: the report covers what ran before it")
+	lines := jsonLines(t, out)
+	require.Len(t, lines, 1)
+	m := lines[0]
+	assert.Equal(t, true, m["interrupted"], "%v", m)
+	assert.Equal(t, true, m["ok"], "%v", m)
+	assert.NotEqual(t, "0", fmt.Sprint(m["ops"]))
+
+	out, errs, status = cliInterrupted(t, 300*time.Millisecond, "run", "--device", "sim", "--sim-capacity", "1GiB",
+		"--ops", "0", "--duration", "1h")
+	require.Equal(t, exitInterrupted, status, "%s\n%s", out, errs)
+	assert.Contains(t, out, "run (interrupted): ")
+}
+
+// A run that ends by itself does not say it was interrupted.
+func TestARunThatEndsByItselfIsNotInterrupted(t *testing.T) {
+	out, errs, status := cli(t, "run", "--device", "sim", "--sim-capacity", "1GiB", "--ops", "200", "--json")
+	require.Equal(t, exitOK, status, "%s\n%s", out, errs)
+	assert.NotContains(t, out, "interrupted")
+	assert.NotContains(t, errs, "interrupted")
+}
+
+// An interrupted replay prints the rows it replayed (none here: it was
+// interrupted before its first) and exits with 130.
+func TestAnInterruptedReplayExitsWith130(t *testing.T) {
+	out, errs, status := cliInterrupted(t, 0, "replay", "--device", "sim", "--json", "lstm", "resnet50")
+	require.Equal(t, exitInterrupted, status, "%s\n%s", out, errs)
+	assert.Empty(t, jsonLines(t, out))
+	assert.Contains(t, errs, "interrupted")
+}
+
+// Interrupted, multi's processes stop and report, in-process and as child
+// processes (which the parent interrupts as a terminal would).
+func TestAnInterruptedMultiReportsEveryProcess(t *testing.T) {
+	for _, exec := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exec=%v", exec), func(t *testing.T) {
+			if exec && testing.Short() {
+				t.Skip("starts child processes")
+			}
+			args := []string{"multi", "--device", "sim", "--sim-capacity", "1GiB", "--procs", "2",
+				"--ops", "0", "--duration", "1h", "-g", "1", "--json"}
+			d := 300 * time.Millisecond
+			if exec {
+				args = append(args, "--exec")
+				d = 2 * time.Second // the children's start
+			}
+			start := time.Now()
+			out, errs, status := cliInterrupted(t, d, args...)
+			require.Equal(t, exitInterrupted, status, "%s\n%s", out, errs)
+			assert.Less(t, time.Since(start), time.Minute)
+			lines := jsonLines(t, out)
+			require.Len(t, lines, 2, "%s\n%s", out, errs)
+			for _, m := range lines {
+				assert.Equal(t, true, m["interrupted"], "%v", m)
+				assert.Equal(t, true, m["ok"], "%v", m)
+				assert.Equal(t, "0", fmt.Sprint(m["exit_status"]))
+			}
+		})
+	}
+}
