@@ -188,32 +188,32 @@ func (d *debugLayer) notePitch(ptr uintptr, size uint64) {
 	d.add(ptr, debugBlock{size: size, user: size, pitch: true})
 }
 
-// forgetStream forgets stream s in the blocks' records (ForgetStream):
-// a later free or Check must not name s, which the caller is about to
-// destroy. Where a record names it, s is synchronized first (again, where
-// the stream set knew it; a passthrough pool's does not), so that the
-// red zones' fills on it are done. A free running meanwhile that fails
-// puts its record back as it was, naming s: the caller's race with its
-// own stream. Errors: the synchronization's (nothing changed). Pool lock
-// held.
-func (d *debugLayer) forgetStream(s device.Stream) error {
+// names reports whether a block's record names stream s.
+func (d *debugLayer) names(s device.Stream) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	synced := false
-	for ptr, b := range d.live {
-		if b.stream != s {
-			continue
+	for _, b := range d.live {
+		if b.stream == s {
+			return true
 		}
-		if !synced {
-			if err := d.p.dev.StreamSynchronize(s); err != nil && !streamGone(err) {
-				return err
-			}
-			synced = true
-		}
-		b.stream = 0
-		d.live[ptr] = b
 	}
-	return nil
+	return false
+}
+
+// forgetStream forgets stream s in the blocks' records (ForgetStream):
+// a later free or Check must not name s, which the caller is about to
+// destroy. The caller synchronized s, so the red zones' fills on it are
+// done. A free running meanwhile that fails puts its record back as it
+// was, naming s: the caller's race with its own stream. Pool lock held.
+func (d *debugLayer) forgetStream(s device.Stream) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for ptr, b := range d.live {
+		if b.stream == s {
+			b.stream = 0
+			d.live[ptr] = b
+		}
+	}
 }
 
 // undo frees the block at ptr, allocated for a request of size bytes on

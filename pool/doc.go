@@ -160,7 +160,8 @@
 // all of that memory, so that no other process can take it in between);
 // then it fails with ErrOutOfMemory. It remembers the failure, so that
 // until it next frees a block, a request at least as large fails without
-// repeating the work; and for 256 allocations after a failure it gathers
+// repeating the work; and for 256 allocations after a failure (those made
+// under the pool's lock: the per-P caches' are not counted) it gathers
 // no scattered pages above 90% of its cap, so that a job asking for more
 // than its share fails fast instead of thrashing. Once the driver refuses
 // it a cuMemCreate for want of memory, the memory it holds becomes a

@@ -314,7 +314,13 @@ type CacheOptions struct {
 	// against 35 ns per operation on lstm).
 	MaxSize uint64
 	// MaxFraction bounds the bytes all caches hold together to
-	// MaxFraction × reserved (default 1/16).
+	// MaxFraction × reserved (default 1/16), split in equal shares among
+	// the Ps and the central lists; but no share is below 4 MiB, so that
+	// a pool holding little memory still caches a working set of small
+	// blocks: below 4 MiB × (GOMAXPROCS + 1) × 1/MaxFraction reserved,
+	// the caches may hold up to 4 MiB per P and 4 MiB in the central
+	// lists (a P sheds to half its share when it holds more than all of
+	// it).
 	MaxFraction float64
 }
 

@@ -764,7 +764,10 @@ func (p *Pool) allocMissPath(size, align uint64) (tlsf.Block, error) {
 	if p.cache.reclaimOthers() {
 		// Blocks other Ps cache and the central lists come back before the
 		// heap grows, so that which P a goroutine ran on does not decide
-		// reserved memory.
+		// reserved memory. With several streams they come back pending on
+		// the default stream (giveBack): poll, so that those whose event
+		// completed are in the index for the search.
+		_ = p.pollPending(false)
 		if b, err := p.search(size, align); err == nil {
 			return b, nil
 		}
@@ -2185,11 +2188,15 @@ func (p *Pool) ForgetStream(s device.Stream) error {
 	if p.closed {
 		return ErrClosed
 	}
-	if err := p.ss.forget(s, p.reclaimPending); err != nil {
+	// Guard mode's records may name s where the stream set does not
+	// know it (a passthrough pool's): s is synchronized then too, once,
+	// before anything changes.
+	named := p.dbg != nil && p.dbg.names(s)
+	if err := p.ss.forget(s, named, p.reclaimPending); err != nil {
 		return err
 	}
-	if d := p.dbg; d != nil {
-		return d.forgetStream(s)
+	if named {
+		p.dbg.forgetStream(s)
 	}
 	return nil
 }

@@ -120,7 +120,8 @@ func (p *Pool) driverWork() uint64 {
 
 // scavengeLocked is one wake of the scavenger: if the device's free
 // memory is below FreeFloorFraction × total, return unused memory up to
-// the shortfall, scavengeStep bytes at a time, the per-P caches' blocks
+// the shortfall, scavengeStep bytes at a time, pending frees whose
+// streams passed them (an event query each) and the per-P caches' blocks
 // too if the heap alone has not enough, until about scavengeCalls driver
 // calls' work is done (driverWork). It returns the bytes returned. Pool
 // lock held.
@@ -139,6 +140,11 @@ func (p *Pool) scavengeLocked() (uint64, error) {
 	start := p.driverWork()
 	var n uint64
 	flushed := p.cache == nil
+	// Frees pending on streams whose events completed, and with several
+	// streams the caches' blocks once flushed (giveBack), go back to the
+	// index before releasing: an idle pool polls no other way. Pending
+	// frees still queued stay (the scavenger never waits for a stream).
+	_ = p.pollPending(false)
 	for n < want && p.driverWork()-start < scavengeCalls {
 		m, err := p.releaseUnused(min(want-n, scavengeStep))
 		n += m
@@ -151,6 +157,7 @@ func (p *Pool) scavengeLocked() (uint64, error) {
 				break
 			}
 			p.flushCaches()
+			_ = p.pollPending(false)
 			flushed = true
 		}
 	}

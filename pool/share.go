@@ -277,8 +277,9 @@ func (h *vmmHeap) recycle(limit uint64) (uint64, error) {
 // the rules that came after (Pool.setFine).
 const (
 	recycleLiveFraction = 0.9
-	// recyclePressureAllocs: 256 allocations, a few training steps of the
-	// shared traces (lstm makes about 1,600 per replay of 3,278 ops).
+	// recyclePressureAllocs: 256 allocations under the pool's lock (the
+	// per-P caches' are not counted), a few training steps of the shared
+	// traces (lstm makes about 1,600 per replay of 3,278 ops).
 	recyclePressureAllocs = 256
 )
 

@@ -349,9 +349,10 @@ func (ss *streamSet) close(reclaim func(addr uint64)) error {
 // drop does. A stream known only from RecordStream is synchronized too:
 // before, its uses stayed, and the free of such a block named the
 // destroyed stream (cuEventRecord; on the H200 a crash), or, skipping it
-// as gone, let the block be reused under the stream's queued work. On
-// error nothing changed.
-func (ss *streamSet) forget(s device.Stream, reclaim func(addr uint64)) error {
+// as gone, let the block be reused under the stream's queued work. With
+// named (guard mode's records name s), s is synchronized even where the
+// set does not know it. On error nothing changed.
+func (ss *streamSet) forget(s device.Stream, named bool, reclaim func(addr uint64)) error {
 	st, known := ss.all[s]
 	recorded := false
 	for _, uses := range ss.uses {
@@ -360,7 +361,7 @@ func (ss *streamSet) forget(s device.Stream, reclaim func(addr uint64)) error {
 			break
 		}
 	}
-	if !known && !recorded {
+	if !known && !recorded && !named {
 		return nil
 	}
 	if err := ss.dev.StreamSynchronize(s); err != nil && !streamGone(err) {
