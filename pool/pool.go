@@ -925,6 +925,13 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	}
 	p.seen = seenFree{free: free, ok: true}
 	want := roundUp(max(need, uint64(p.opts.GrowFraction*float64(free))), g)
+	if more <= free {
+		// What the growth maps beyond need leaves the device's memory
+		// that the top's released pages (tail) need to be backed: before,
+		// a GrowFraction growth could take it, and the request failed
+		// with room for all of it.
+		want = max(need, min(want, need+(free-more)/g*g))
+	}
 	if capped {
 		want = max(need, min(want, (limit-res-tail)/g*g))
 	}
@@ -990,7 +997,10 @@ func (p *Pool) searchGrown(size, align uint64) (tlsf.Block, error) {
 		}
 		p.setFine(c.Size)
 		if berr := p.backPlaced(c, size, need); berr != nil {
-			return tlsf.Block{}, err
+			if retryable(berr) {
+				return tlsf.Block{}, err
+			}
+			return tlsf.Block{}, berr // a device error, as makeRoom's
 		}
 	}
 	return c, nil

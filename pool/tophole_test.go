@@ -19,8 +19,16 @@ import (
 // pages a full device will not back takes the candidate lying on the
 // fewest instead, backed (Pool.searchGrown): here the heap's free top,
 // one released page short under the block. The plain search fails there,
-// the index unchanged.
+// the index unchanged. Where backing the top fails with a device error,
+// that error is returned (before, the search's out-of-room error), and
+// nothing changed.
 func TestASearchAfterAGrowthTakesTheBlockItCanBack(t *testing.T) {
+	for _, fault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fault=%v", fault), func(t *testing.T) { testSearchGrown(t, fault) })
+	}
+}
+
+func testSearchGrown(t *testing.T, fault bool) {
 	sd := sim.New(sim.Config{Capacity: 256 * miB})
 	d := onSim(sd)
 	p := openPool(t, d, Options{MaxBytes: 200 * miB}) // capped: one-page handles, each page moves alone
@@ -61,12 +69,23 @@ func TestASearchAfterAGrowthTakesTheBlockItCanBack(t *testing.T) {
 		}
 		p.full = fullDevice{on: true, limit: p.reserved()}
 		_, plainErr = p.search(39*miB, 0)
+		if fault {
+			sd.FailNth(device.CallMemMap, 1, nil)
+		}
 		if got, grownErr = p.searchGrown(39*miB, 0); grownErr == nil {
 			p.noteAlloc(got, false)
 		}
 	}()
 	require.NoError(t, err)
 	require.ErrorIs(t, plainErr, errNoRoom, "best fit takes f, which the device cannot back")
+	if fault {
+		require.ErrorIs(t, grownErr, device.ErrInjected)
+		checkStep(t, p, d)
+		for _, ptr := range live {
+			require.NoError(t, p.Free(ptr))
+		}
+		return
+	}
 	require.NoError(t, grownErr)
 	require.Equal(t, uint64(top), got.Addr, "the top, its page backed")
 	checkStep(t, p, d)

@@ -482,14 +482,14 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) 
 		h.note(h.pageAddr(first), done*h.gran, true)
 	}
 	if err != nil && done < least {
-		h.unmapOrStray(first, done)
+		h.undoMapping(first, done)
 		return 0, err
 	}
 	if done == 0 {
 		return 0, err
 	}
 	if aerr := h.setAccess(uintptr(h.pageAddr(first)), done*h.gran); aerr != nil {
-		h.unmapOrStray(first, done)
+		h.undoMapping(first, done)
 		return 0, aerr
 	}
 	return done, nil
@@ -538,10 +538,16 @@ func (h *vmmHeap) mappingLen(p uint64) uint64 {
 	return q - p
 }
 
-// unmapOrStray undoes a mapping of pages [first, first+n) that has no
-// access yet; if the driver refuses, the pages stay mapped as strays.
-func (h *vmmHeap) unmapOrStray(first, n uint64) {
-	if h.unmapRun(first, n) == nil {
+// undoMapping undoes a mapping of pages [first, first+n) that failed
+// (mapRun, back): it unmaps them and keeps every handle as a spare, those
+// the mapping took from the spares and those it created alike, so that
+// reserved memory is what it was (mapRun's deferred dropSpares releases
+// as many pages as it created) and no memory the pool held goes back to
+// the driver uncounted. Before, the undo released every handle, spares
+// included, with no release counted. If the driver refuses the unmap,
+// the pages stay mapped as strays.
+func (h *vmmHeap) undoMapping(first, n uint64) {
+	if n == 0 || h.unmap(first, n, keepAll) == nil {
 		return
 	}
 	for p := first; p < first+n; p++ {
@@ -591,17 +597,26 @@ func (h *vmmHeap) unmapStrays() error {
 // nothing; a page whose release fails is unmapped all the same and its
 // handle kept as an orphan.
 func (h *vmmHeap) unmapRun(first, n uint64) error {
-	return h.unmap(first, n, false)
+	return h.unmap(first, n, releaseAll)
 }
 
+// unmapMode is what vmmHeap.unmap does with the handles it unmaps.
+type unmapMode uint8
+
+const (
+	releaseAll unmapMode = iota // release them
+	keepMoved                   // keep them as spares, but for small ones under pressure (unmap)
+	keepAll                     // keep every one as a spare (undoMapping)
+)
+
 // unmap unmaps pages [first, first+n), all mapped and made of whole
-// mappings, and releases their physical memory, or, with keep, keeps
-// their handles as spares: all of them while the heap is fine, keepSmall
-// or sized by ReleaseFraction (releasePages), else those of more than one
-// page (one-page handles are then
-// released and counted in dropped, so that memory moved under pressure
-// ends up in large handles).
-func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
+// mappings, and releases their physical memory (releaseAll), or keeps
+// their handles as spares: with keepAll all of them; with keepMoved all
+// of them while the heap is fine, keepSmall or sized by ReleaseFraction
+// (releasePages), else those of more than one page (one-page handles are
+// then released and counted in dropped, so that memory moved under
+// pressure ends up in large handles).
+func (h *vmmHeap) unmap(first, n uint64, mode unmapMode) error {
 	if n == 0 {
 		return nil
 	}
@@ -614,10 +629,11 @@ func (h *vmmHeap) unmap(first, n uint64, keep bool) error {
 		if p > first {
 			h.unmapWork++
 		}
-		if keep && (k > 1 || h.fine || h.keepSmall || h.releasePages > 0) {
+		keep := mode == keepAll || mode == keepMoved && (k > 1 || h.fine || h.keepSmall || h.releasePages > 0)
+		if keep {
 			h.pushSpare(h.handles[p], k)
 		} else {
-			if keep {
+			if mode == keepMoved {
 				h.dropped += k * h.gran
 			}
 			h.releaseHandle(h.handles[p], k)
@@ -736,8 +752,11 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 			large = h.sharedPages
 		}
 		if _, err := h.mapRun(p, q-p, q-p, lo, hi, large); err != nil {
+			// The runs mapped already go back to holes, their handles
+			// to the spares (undoMapping): each run's own mapRun released
+			// as many spares as it created.
 			for _, r := range mappedNow {
-				if h.unmapRun(r[0], r[1]) == nil {
+				if h.unmap(r[0], r[1], keepAll) == nil {
 					h.holes += r[1]
 				} // else the run stays mapped: backed, no longer holes
 			}
@@ -816,7 +835,11 @@ func (h *vmmHeap) unmapFree(free []mappingRun, done, limit uint64, keep, net boo
 		first := h.cutFromTop(r, limit-done-counted)
 		n := r.first + r.n - first
 		orphans := h.orphanPages()
-		if err := h.unmap(first, n, keep); err != nil {
+		mode := releaseAll
+		if keep {
+			mode = keepMoved
+		}
+		if err := h.unmap(first, n, mode); err != nil {
 			return counted, err
 		}
 		h.holes += n

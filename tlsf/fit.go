@@ -15,7 +15,14 @@ package tlsf
 // that holds it (best fit within the list), stopping at an exact fit or
 // after FitScan blocks; only if none fits does it take the head of the
 // next non-empty list, as Alloc does. The bound changes from O(1) to
-// O(FitScan): a scan reads at most FitScan 32-byte records.
+// O(FitScan): a scan reads at most FitScan 32-byte records. Only where no
+// later list has a block either, on the way to ErrNoSpace, does it read
+// the rest of the own list (O(its length)): a block that holds the
+// request past the first FitScan is taken rather than failing, so that
+// AllocFit fails only when no free block holds the request. Before, a
+// pool whose free top sat behind 64 smaller blocks of its list failed a
+// request the top held, on an empty device (pool: the free top is never
+// grown for a request it holds already).
 
 // FitScan is the most blocks AllocFit examines in the request's own list.
 // 64 records are 2 KiB, a few dozen cache lines at most. Measured on the
@@ -38,22 +45,30 @@ const FitScan = 64
 // AllocFit allocates a block of size bytes rounded up to the granularity:
 // the best fit among the first FitScan blocks of the request's own
 // second-level list, else the head of the next non-empty list (Alloc's
-// good fit). The block's Size is the rounded request, not a class
-// boundary. In O(FitScan).
+// good fit), else the first block past those FitScan that holds it. The
+// block's Size is the rounded request, not a class boundary. In
+// O(FitScan), except where it fails or takes a block past the first
+// FitScan: O(the own list's length).
 //
-// Errors: as Alloc.
+// Errors: as Alloc; ErrNoSpace only when no free block holds the
+// rounded request.
 func (x *Index) AllocFit(size uint64) (Block, error) {
 	if size-1 >= MaxSize { // size == 0 wraps around
 		return Block{}, x.checkSize(size)
 	}
 	r := (size + x.granMask) &^ x.granMask
 	b, i := x.findOwn(r)
-	if b == nilRec {
-		if b, i = x.findSuitable(x.roundUp(r), r); b == nilRec {
+	switch {
+	case b != nilRec:
+		x.unlink(b)
+	default:
+		if b, i = x.findSuitable(x.roundUp(r), r); b != nilRec {
+			x.popHead(b, i)
+			break
+		}
+		if b = x.findOwnPast(r); b == nilRec {
 			return Block{}, ErrNoSpace
 		}
-		x.popHead(b, i)
-	} else {
 		x.unlink(b)
 	}
 	x.splitTail(b, r)
@@ -84,6 +99,24 @@ func (x *Index) findOwn(r uint64) (uint32, uint) {
 	return best, i
 }
 
+// findOwnPast returns the first block of at least r bytes past the first
+// FitScan blocks of r's own list, or nilRec: AllocFit's last resort.
+func (x *Index) findOwnPast(r uint64) uint32 {
+	fl, sl := x.insert(r)
+	if x.slBitmap[fl&63]&(1<<(sl&63)) == 0 {
+		return nilRec
+	}
+	n := 0
+	for b := x.heads[listIndex(fl, sl)]; b != nilRec; n++ {
+		bk := &x.blocks[b]
+		if n >= FitScan && bk.size >= r {
+			return b
+		}
+		b = bk.nextFree
+	}
+	return nilRec
+}
+
 // LargestAlloc returns the largest request Alloc accepts now without
 // ErrNoSpace: the lower bound of the highest non-empty size-class list (a
 // request one byte above it rounds up past every free block of that
@@ -105,16 +138,15 @@ func (x *Index) LargestAlloc() uint64 {
 
 // LargestFit returns the largest request AllocFit would accept now: the
 // size of the largest free block (AllocFit takes a block of exactly that
-// size from its own list, provided it is among the first FitScan), or 0.
+// size from its own list, the top one, where no later list has a block),
+// or 0. In O(the top list's length), plus O(regions) under Wilderness.
 func (x *Index) LargestFit() uint64 {
 	// A request AllocFit finds no other block for takes the first
 	// wilderness block that holds it: any of them.
 	largest := x.largestWild()
 	if fl, sl, ok := x.topList(); ok {
-		n := 0
-		for b := x.heads[listIndex(fl, sl)]; b != nilRec && n < FitScan; n++ {
+		for b := x.heads[listIndex(fl, sl)]; b != nilRec; b = x.blocks[b].nextFree {
 			largest = max(largest, x.blocks[b].size)
-			b = x.blocks[b].nextFree
 		}
 	}
 	return largest

@@ -60,6 +60,25 @@ func TestAllocFitFallsBackToTheNextList(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidSize)
 }
 
+// A block that holds the request past the first FitScan of its own list,
+// where no later list has a block, is taken: AllocFit fails only when no
+// free block holds the request, and LargestFit sees that block.
+func TestAllocFitTakesABlockPastTheScanRatherThanFail(t *testing.T) {
+	sizes := []uint64{MiB + 16*KiB} // freed first: the list's last
+	for range FitScan + 1 {
+		sizes = append(sizes, MiB)
+	}
+	x := holes(t, sizes...)
+	require.Equal(t, uint64(MiB+16*KiB), x.LargestFit())
+	b, err := x.AllocFit(MiB + 8*KiB)
+	require.NoError(t, err)
+	require.Equal(t, uint64(MiB+8*KiB), b.Size)
+	require.NoError(t, x.Check())
+	_, err = x.AllocFit(MiB + 16*KiB)
+	require.ErrorIs(t, err, ErrNoSpace, "no block holds it now")
+	require.NoError(t, x.Check())
+}
+
 func TestLargestAllocAndLargestFitAreAccepted(t *testing.T) {
 	x := holes(t, 3*MiB+96*KiB, MiB)
 	la := x.LargestAlloc()

@@ -237,9 +237,9 @@ func TestIndexAgainstModel(t *testing.T) {
 				r := (size + g - 1) / g * g
 				b, err := m.x.AllocFit(size)
 				if errors.Is(err, ErrNoSpace) {
-					// Only blocks of r's own list beyond the first FitScan
-					// may be missed.
-					if m.fitsSomewhere(m.x.roundUp(r)) {
+					// Only when no free block holds r: blocks of r's own
+					// list past the first FitScan too.
+					if m.fitsSomewhere(r) {
 						t.Fatalf("alloc fit %d failed with a free block of %d", size, m.ref.Largest())
 					}
 					return

@@ -1,0 +1,103 @@
+package pool_test
+
+import (
+	"testing"
+
+	"github.com/gpumem/tlsf/device/sim"
+	"github.com/gpumem/tlsf/pool"
+	"github.com/stretchr/testify/require"
+)
+
+// A free top that holds the request but sits behind more than
+// tlsf.FitScan smaller blocks of its list serves it: before, best fit
+// missed it, the heap did not grow (the top held the request already),
+// and the request failed on an empty device.
+func TestAFreeTopBehindMoreThanFitScanBlocksServes(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: 1 << 30})
+	p, err := pool.New(sd, pool.Options{Backend: pool.BackendVMM})
+	require.NoError(t, err)
+	defer p.Close()
+	const x = 1 << 20 // the list [1 MiB, 1 MiB+16 KiB)
+	var xs []uintptr
+	for range 65 {
+		a, err := p.Alloc(x)
+		require.NoError(t, err)
+		_, err = p.Alloc(256) // a separator
+		require.NoError(t, err)
+		xs = append(xs, a)
+	}
+	const top = x + 8<<10 // in the same list, holds the request
+	for free := p.Stats().IndexFree; free != top; free = p.Stats().IndexFree {
+		size := free - top
+		if free < top {
+			size = free + 512<<10
+		}
+		_, err := p.Alloc(size)
+		require.NoError(t, err)
+	}
+	for _, a := range xs {
+		require.NoError(t, p.Free(a))
+	}
+	_, err = p.Alloc(x + 256)
+	require.NoError(t, err)
+	require.NoError(t, p.Check())
+}
+
+// A growth leaves the device the memory the released pages under the free
+// top need: before, a GrowFraction growth took it, and the request failed
+// with room for all it needed.
+func TestAGrowthLeavesTheTopsReleasedPagesTheirMemory(t *testing.T) {
+	const mib = 1 << 20
+	sd := sim.New(sim.Config{Capacity: 64 * mib})
+	p, err := pool.New(sd, pool.Options{Backend: pool.BackendVMM, GrowFraction: 0.5,
+		Cache: pool.CacheOptions{Disable: true}, NoScavenger: true})
+	require.NoError(t, err)
+	defer p.Close()
+	a, err := p.Alloc(30 * mib)
+	require.NoError(t, err)
+	b, err := p.Alloc(16 * mib)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(b))
+	_, err = p.Trim() // the free top [30, 48) MiB: 16 MiB released
+	require.NoError(t, err)
+	require.NoError(t, sd.NewProcess().Occupy(12*mib)) // 20 MiB free
+	// 2 MiB of growth and the top's 16 MiB: 18 of the 20 MiB free.
+	c, err := p.Alloc(20 * mib)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(c))
+	require.NoError(t, p.Free(a))
+	require.NoError(t, p.Check())
+}
+
+// A mapping that fails part way keeps the pool's spare handles: before,
+// its undo released them to the driver uncounted, so that a failed
+// request lowered Reserved with no release counted (Reserved +
+// ReleasedBytes fell) and gave a full device's memory to a neighbour.
+func TestAFailedBackingKeepsTheSpares(t *testing.T) {
+	const mib = 1 << 20
+	sd := sim.New(sim.Config{Capacity: 32 * mib})
+	p, err := pool.New(sd, pool.Options{Backend: pool.BackendVMM, MaxBytes: 64 * mib, // one-page handles
+		Cache: pool.CacheOptions{Disable: true}, NoScavenger: true})
+	require.NoError(t, err)
+	defer p.Close()
+	var b [12]uintptr
+	for i := range b {
+		b[i], err = p.Alloc(2 * mib)
+		require.NoError(t, err)
+	}
+	for _, i := range []int{6, 8, 10} {
+		require.NoError(t, p.Free(b[i]))
+	}
+	require.NoError(t, sd.NewProcess().Occupy(8*mib)) // the device full
+	_, err = p.Alloc(4 * mib)                          // moves pages 6, 8, 10 to the spares, maps 2
+	require.NoError(t, err)
+	require.NoError(t, p.Free(b[7]))
+	require.NoError(t, p.Free(b[9])) // a free block over pages 6 to 10, holes at 6, 8, 10; one spare
+	before := p.Stats()
+	_, err = p.Alloc(10 * mib) // maps the spare at page 6; the create for page 8 fails
+	require.ErrorIs(t, err, pool.ErrOutOfMemory)
+	after := p.Stats()
+	require.Equal(t, before.Reserved, after.Reserved, "a failed request changes no reserved memory")
+	require.Equal(t, before.ReleasedBytes, after.ReleasedBytes)
+	require.NoError(t, p.Check())
+}
