@@ -89,7 +89,7 @@ func TestAFailedBackingKeepsTheSpares(t *testing.T) {
 		require.NoError(t, p.Free(b[i]))
 	}
 	require.NoError(t, sd.NewProcess().Occupy(8*mib)) // the device full
-	_, err = p.Alloc(4 * mib)                          // moves pages 6, 8, 10 to the spares, maps 2
+	_, err = p.Alloc(4 * mib)                         // moves pages 6, 8, 10 to the spares, maps 2
 	require.NoError(t, err)
 	require.NoError(t, p.Free(b[7]))
 	require.NoError(t, p.Free(b[9])) // a free block over pages 6 to 10, holes at 6, 8, 10; one spare
