@@ -23,7 +23,8 @@
 //     goes to the lock, a small one to the P's table;
 //  2. the TLSF index (package tlsf), under the pool's lock: best fit
 //     within the request's own second-level list (tlsf.Index.AllocFit,
-//     at most tlsf.FitScan blocks read), else the O(1) good fit of TLSF
+//     at most tlsf.FitScan blocks read, the rest of the list only where
+//     no later list has a block), else the O(1) good fit of TLSF
 //     §3.3 (Options.GoodFit for good fit alone), and immediate coalescing,
 //     with all metadata on the CPU; a VMM heap's free top is kept for
 //     requests no other block holds once fragmentation is severe, until

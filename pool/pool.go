@@ -318,8 +318,9 @@ func (p *Pool) Alloc(size uint64) (uintptr, error) { return p.AllocOn(size, 0) }
 // pointer, aligned to 256 bytes. A block freed on s may be reused at once;
 // a block freed on another stream only after the free's event completed.
 // In O(1) from the caches, else in O(tlsf.FitScan) (best fit in the
-// request's own list; O(1) with Options.GoodFit), except when the pool
-// must grow (driver calls) or its index has nothing free (the
+// request's own list, the whole list only where no later list has a
+// block: tlsf.Index.AllocFit; O(1) with Options.GoodFit), except when
+// the pool must grow (driver calls) or its index has nothing free (the
 // out-of-memory path).
 //
 // Errors: ErrInvalidSize (size 0), ErrTooLarge (above tlsf.MaxSize, or
