@@ -218,7 +218,7 @@ void tlsf_record_stream(void* ptr, void* stream);
  * addresses may equal another's, unlike CUDA's unified addressing, so
  * pass each pointer with its own device; tlsf_record_stream, which takes
  * no device, acts on the lowest ordinal holding the pointer live),
- * sim_capacity (bytes, at most 1TiB, device:sim only), initial_fraction,
+ * sim_capacity (bytes, 2MiB to 1TiB or 0, device:sim only), initial_fraction,
  * grow_fraction,
  * max_fraction (of the device's total memory, less what the share
  * leaves for the process's context: pool.Options.MaxFraction),

@@ -52,6 +52,11 @@ type Conf struct {
 // process's 4 TiB of virtual addresses.
 const MaxSimCapacity = 1 << 40
 
+// MinSimCapacity is the least sim_capacity but 0 (the default): one page
+// of the simulated GPU's allocation granularity (sim.Config.Granularity,
+// 2 MiB); below it no pool could map a page.
+const MinSimCapacity = 2 << 20
+
 // confKeys maps each key to the function that applies its value.
 var confKeys = map[string]func(c *Conf, v string) error{
 	"backend": func(c *Conf, v string) error {
@@ -71,8 +76,13 @@ var confKeys = map[string]func(c *Conf, v string) error{
 		return nil
 	},
 	"sim_capacity": func(c *Conf, v string) (err error) {
-		if c.SimCapacity, err = parseBytes(v); err == nil && c.SimCapacity > MaxSimCapacity {
+		c.SimCapacity, err = parseBytes(v)
+		switch {
+		case err != nil:
+		case c.SimCapacity > MaxSimCapacity:
 			err = fmt.Errorf("at most %d bytes (1 TiB): a VMM pool reserves twice the device's memory of address space, of the 4 TiB a simulated process has", uint64(MaxSimCapacity))
+		case c.SimCapacity > 0 && c.SimCapacity < MinSimCapacity:
+			err = fmt.Errorf("at least %d bytes (2 MiB, the simulated GPU's allocation granularity; 0: the default): no pool could map a page", uint64(MinSimCapacity))
 		}
 		return err
 	},
@@ -115,7 +125,7 @@ var confKeys = map[string]func(c *Conf, v string) error{
 //
 //	backend              auto | vmm | chunks | passthrough (Options.Backend)
 //	device               cuda | sim (Conf.Device; default cuda)
-//	sim_capacity         bytes, at most MaxSimCapacity (Conf.SimCapacity; sim only)
+//	sim_capacity         bytes, MinSimCapacity to MaxSimCapacity, or 0 (Conf.SimCapacity; sim only)
 //	initial_fraction     fraction in [0, 1] (Options.InitialFraction)
 //	grow_fraction        fraction in [0, 1] (Options.GrowFraction)
 //	max_fraction         fraction in [0, 1] (Options.MaxFraction)

@@ -143,6 +143,8 @@ func TestParseConfRejects(t *testing.T) {
 		{"sim_capacity:1GiB", `"sim_capacity"`},
 		{"device:sim,sim_capacity:lots", `"sim_capacity"`},
 		{"device:sim,sim_capacity:2TiB", "at most"},
+		{"device:sim,sim_capacity:1", "at least 2097152 bytes"},
+		{"device:sim,sim_capacity:2097151", "at least"},
 		{"initial_fraction:0.5,max_fraction:0.25", "InitialFraction"},
 	} {
 		c, err := ParseConf(tc.in)

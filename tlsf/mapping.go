@@ -64,9 +64,10 @@ func (m *mapping) classMin(fl, sl uint) uint64 {
 
 // SizeClass returns the size class of a request of size bytes (1 to
 // MaxSize): the index of the list mapping search starts from, counting
-// lists from 0 in size order, and the block size such a request gets. It
-// reads only the index's configuration, so it is safe to call
-// concurrently with any other method.
+// lists from 0 in size order, and the block size such a request gets;
+// for a size outside 1 to MaxSize, -1 and 0. It reads only the index's
+// configuration, so it is safe to call concurrently with any other
+// method.
 func (x *Index) SizeClass(size uint64) (class int, rounded uint64) {
 	return x.Classes().SizeClass(size)
 }
@@ -82,6 +83,9 @@ func (x *Index) Classes() Classes { return Classes{x.mapping} }
 
 // SizeClass is Index.SizeClass.
 func (c Classes) SizeClass(size uint64) (class int, rounded uint64) {
+	if size-1 >= MaxSize { // size == 0 wraps around
+		return -1, 0
+	}
 	rounded = c.m.roundUp(size)
 	fl, sl := c.m.insert(rounded)
 	return int(fl<<(c.m.slLog2&63) | sl), rounded // dense: not listIndex

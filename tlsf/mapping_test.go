@@ -117,4 +117,12 @@ func TestSizeClass(t *testing.T) {
 		assert.Equal(t, r, r3)
 		assert.Equal(t, r, x.Classes().Size(c), "a class's size is its lower bound")
 	}
+	c, r := x.SizeClass(MaxSize)
+	assert.Equal(t, uint64(MaxSize), r)
+	assert.Equal(t, r, x.Classes().Size(c))
+	for _, size := range []uint64{0, MaxSize + 1, 1<<64 - 1} {
+		c, r := x.SizeClass(size)
+		assert.Equal(t, -1, c, "size %d: no class", size)
+		assert.Zero(t, r, "size %d", size)
+	}
 }

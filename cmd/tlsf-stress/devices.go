@@ -42,8 +42,10 @@ func (ds *devices) confOf(be string) string {
 // openDevices resolves --device: "cuda" opens GPU 0 and fails without one;
 // "sim" uses the simulated device; "" tries the GPU and falls back to the
 // simulated device where there is no driver or no GPU. shadow keeps the
-// simulated memory's contents (verification needs it).
+// simulated memory's contents (verification needs it; so does guard mode,
+// --conf guard:N, which it is on for in any case).
 func openDevices(g *globalFlags, shadow bool) (*devices, error) {
+	shadow = shadow || g.pool.Guard > 0
 	ds := &devices{kind: g.device, sd: sim.Config{Shadow: shadow, Capacity: uint64(g.simCapacity), RealTime: g.simRealTime}, conf: g.conf, pool: g.pool}
 	if c := ds.sd.Capacity; c > 0 && c != sim.H200Capacity {
 		// An H200's latencies, not its memory: say so wherever the

@@ -43,13 +43,15 @@
 // our best pool backend's min cap over peak live against the best
 // peer's, naming the peer and where its figure comes from, e.g.
 //
-//	verdict resnet50: tlsf-vmm min cap 1.003× live vs 1.029× for the best peer (torch, H200, baseline.json): lower
+//	verdict resnet50: tlsf-vmm-wilderness min cap 1.003× live vs 1.029× for the best peer (torch, H200, baseline.json): lower
 //
 // It needs nothing but the module: go run ./cmd/tlsf-stress. Where no
 // GPU is found it says so once, on standard error (--device sim chooses
-// the simulated device without the note). --sim-capacity below the
-// simulated GPU's 2 MiB granularity, or above 2 TiB (twice that fills
-// the address space a simulated process has), is refused.
+// the simulated device without the note). --sim-capacity 0 is the
+// default; below the simulated GPU's 2 MiB granularity, or above 1 TiB
+// (as the C ABI's sim_capacity: a VMM pool reserves twice the device's
+// memory of the 4 TiB of address space a simulated process has), it is
+// refused.
 //
 // The replay table has a row per trace and backend and, below ours, the
 // peers' rows; the "measured" column says where each row's figures come
@@ -217,7 +219,9 @@
 // device_calls_by_path: the pool's driver calls by the path that made them,
 // pool.Path's names, each an object of driver entry point → calls, the
 // non-zero ones), problem_count,
-// problems (the first 20), error_count, errors, interrupted (true only
+// problems (the first 20), error_count, errors, oversized_requests
+// (requests drawn above a goroutine's share of --max-live: not made, not
+// counted in ops), interrupted (true only
 // when a signal stopped the run, else absent), ok.
 //
 // # run --devices

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/gpumem/tlsf/device/sim"
 	"github.com/gpumem/tlsf/internal/replay"
 	"github.com/gpumem/tlsf/internal/trace"
 	"github.com/gpumem/tlsf/pool"
@@ -105,10 +104,6 @@ func executeContext(ctx context.Context, args []string, stdout, stderr io.Writer
 	return exitFailed
 }
 
-// minSimCapacity is the least --sim-capacity: one page of the simulated
-// GPU's default allocation granularity (sim.Config.Granularity, 2 MiB).
-const minSimCapacity = 2 << 20
-
 // globalFlags are the flags every subcommand takes.
 type globalFlags struct {
 	device      string   // "", "cuda" or "sim"
@@ -182,11 +177,11 @@ trace: our best pool backend against the best peer. It is 'replay --min-cap'.`,
 		if passthroughForced() && cmd.Name() != multiChildCmd && cmd.Name() != "export" {
 			fmt.Fprintln(cmd.ErrOrStderr(), "tlsf-stress:", passthroughNote)
 		}
-		if g.simCapacity > 0 && g.simCapacity < minSimCapacity {
-			return usagef("--sim-capacity %d: below the simulated GPU's allocation granularity of %d bytes (2 MiB), no pool could map a page", uint64(g.simCapacity), minSimCapacity)
+		if g.simCapacity > 0 && g.simCapacity < pool.MinSimCapacity {
+			return usagef("--sim-capacity %d: below the simulated GPU's allocation granularity of %d bytes (2 MiB), no pool could map a page", uint64(g.simCapacity), pool.MinSimCapacity)
 		}
-		if uint64(g.simCapacity) > sim.MaxCapacity {
-			return usagef("--sim-capacity %d: above the simulated GPU's largest, %d bytes (2 TiB), whose double fits its address space", uint64(g.simCapacity), uint64(sim.MaxCapacity))
+		if g.simCapacity > pool.MaxSimCapacity {
+			return usagef("--sim-capacity %d: above %d bytes (1 TiB): a VMM pool reserves twice the device's memory of address space, of the 4 TiB a simulated process has", uint64(g.simCapacity), uint64(pool.MaxSimCapacity))
 		}
 		switch g.device {
 		case "", deviceCUDA, deviceSim:

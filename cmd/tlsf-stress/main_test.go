@@ -567,3 +567,40 @@ func TestParseBytesAndCaps(t *testing.T) {
 	assert.Error(t, c.Set("0.0"))
 	assert.Error(t, c.Set("1.01"))
 }
+
+// A verdict's comparison is in bytes where the peer's peak reserved bytes
+// are known, and at baseline.json's four decimals otherwise: a tie is
+// equal, not lower (before, the exact ratio was compared with the rounded
+// one).
+func TestAVerdictTieIsEqual(t *testing.T) {
+	bl := map[string]trace.Baseline{"t": {Ops: 10, PeakLiveBytes: 1_000_000, Peers: map[string]trace.Peer{
+		"p": {PeakReservedBytes: 1_020_254, PeakReservedOverLive: 1.0203, MinCapOverLive: 1.0123},
+	}}}
+	ds := &devices{kind: deviceSim}
+	for _, tc := range []struct {
+		reserved uint64
+		minCap   float64
+		want     string
+	}{
+		{1_020_254, 0, "equal"}, {1_020_253, 0, "lower"}, {1_020_255, 0, "higher"},
+		{1_020_254, 1.01232, "equal"}, {1_020_254, 1.0122, "lower"}, {1_020_254, 1.0124, "higher"},
+	} {
+		r := &replayResult{Trace: "t", Backend: backendVMM, PeakLiveBytes: 1_000_000, PeakReservedBytes: tc.reserved,
+			ReservedOverLive: float64(tc.reserved) / 1_000_000, traceOps: 10}
+		if tc.minCap > 0 {
+			r.MinCapOverLive = &tc.minCap
+		}
+		v := verdicts(ds, []*replayResult{r}, bl)
+		require.Len(t, v, 1)
+		assert.True(t, strings.HasSuffix(v[0], ": "+tc.want), "%+v: %s", tc, v[0])
+	}
+}
+
+// Guard mode needs a simulated device that keeps memory contents: replay
+// gives it one with --conf guard:N, as run and multi do always (before,
+// the pool refused it, naming a sim.Config field no flag sets).
+func TestReplayWithGuardOnTheSimulatedDevice(t *testing.T) {
+	out, errs, status := cli(t, "replay", "--device", "sim", "--backend", "tlsf-vmm", "--conf", "guard:64", "--warm-runs", "1", "lstm")
+	require.Equal(t, exitOK, status, "%s\n%s", out, errs)
+	assert.Contains(t, out, "verdict lstm: tlsf-vmm (--conf guard:64)")
+}

@@ -73,7 +73,7 @@ one simulated GPU whose capacity they share; --exec runs real child processes
 there too, each with its own simulated GPU.`,
 		Args: wrapArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.validate(); err != nil {
+			if err := o.validate(cmd); err != nil {
 				return err
 			}
 			for _, name := range []string{"max-live", "min-size", "max-size"} {
@@ -101,11 +101,11 @@ there too, each with its own simulated GPU.`,
 	}
 	o.register(cmd, defaultMultiOps)
 	f := cmd.Flags()
-	f.Lookup("ops").Usage = "operations of each process (allocations, failed ones too, and frees); 0 with --duration: until the duration is over"
+	f.Lookup("ops").Usage = "operations of each process (allocations, failed ones too, and frees); 0 with --duration: until the duration is over (with --duration and no --ops, 0)"
 	f.Lookup("json").Usage = "print the outcome as one JSON object per line, one per process"
 	f.Lookup("sizes").Usage = "block sizes: log-uniform between 1/4096 and 1/16 of the live target, or the size distribution of a trace (embedded name or file)"
 	f.IntVar(&o.procs, "procs", 2, "number of processes")
-	f.Float64Var(&o.fraction, "fraction", 0, "each pool's MaxFraction (default 1/procs)")
+	f.Float64Var(&o.fraction, "fraction", 0, "each pool's MaxFraction (default, and 0: 1/procs)")
 	f.Float64Var(&o.oversubscribe, "oversubscribe", 1.5, "each process's live-byte target, in multiples of its share (total memory / procs)")
 	f.BoolVar(&o.exec, "exec", false, "on the simulated device, run real child processes (each with its own simulated GPU)")
 	for _, name := range []string{"max-live", "min-size", "max-size"} {
@@ -180,7 +180,7 @@ func newMultiChildCmd(g *globalFlags) *cobra.Command {
 		Hidden: true,
 		Args:   wrapArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.validate(); err != nil {
+			if err := o.validate(cmd); err != nil {
 				return err
 			}
 			ds, err := openDevices(g, true)

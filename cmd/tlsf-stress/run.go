@@ -53,7 +53,7 @@ func (w *workloadFlags) register(cmd *cobra.Command, defaultOps int64) {
 	f := cmd.Flags()
 	f.StringVar(&w.backend, "backend", backendVMM, "allocator: "+strings.Join(allBackends, ", "))
 	f.IntVarP(&w.goroutines, "goroutines", "g", runtime.GOMAXPROCS(0), "goroutines allocating and freeing at once")
-	f.Int64Var(&w.ops, "ops", defaultOps, "operations (allocs and frees) in all; 0 with --duration: until the duration is over")
+	f.Int64Var(&w.ops, "ops", defaultOps, "operations (allocs and frees) in all; 0 with --duration: until the duration is over (with --duration and no --ops, 0)")
 	f.DurationVar(&w.duration, "duration", 0, "run for this long (with --ops, whichever ends first)")
 	f.StringVar(&w.sizes, "sizes", "log-uniform", "block sizes: log-uniform between --min-size and --max-size, or the size distribution of a trace (embedded name or file)")
 	w.minSize, w.maxSize = 256, 64<<20
@@ -61,7 +61,7 @@ func (w *workloadFlags) register(cmd *cobra.Command, defaultOps int64) {
 	f.Var(&w.maxSize, "max-size", "largest log-uniform block size, bytes")
 	f.IntVar(&w.slots, "slots", 64, "live blocks per goroutine, at most")
 	w.maxLive = capFlag{fraction: 0.25}
-	f.Var(&w.maxLive, "max-live", "bound on live bytes over all goroutines: bytes, or a fraction of total memory")
+	f.Var(&w.maxLive, "max-live", "bound on live bytes over all goroutines: bytes, or a fraction of total memory (0: none)")
 	f.StringVar(&w.verify, "verify", verifySampled, "read blocks back before freeing them: full, sampled (first, middle and last 4 KiB) or none")
 	f.StringVar(&w.stream, "stream", streamDefault, "stream of each goroutine's allocations, fills and frees: default or per-goroutine")
 	f.Uint64Var(&w.seed, "seed", 1, "seed of the random choices")
@@ -69,8 +69,13 @@ func (w *workloadFlags) register(cmd *cobra.Command, defaultOps int64) {
 	f.DurationVar(&w.progressInt, "progress-interval", 2*time.Second, "interval of plain progress lines when stderr is not a terminal (0: none)")
 }
 
-// validate checks the flags that cannot be checked while parsing.
-func (w *workloadFlags) validate() error {
+// validate checks the flags that cannot be checked while parsing. A
+// --duration without --ops runs for the duration (--ops 0): before, the
+// default --ops ended it first.
+func (w *workloadFlags) validate(cmd *cobra.Command) error {
+	if f := cmd.Flags(); f.Changed("duration") && !f.Changed("ops") {
+		w.ops = 0
+	}
 	if !slices.Contains(allBackends, w.backend) {
 		return usagef("--backend %q: want one of %s", w.backend, strings.Join(allBackends, ", "))
 	}
@@ -154,7 +159,7 @@ On the simulated device, memory contents are simulated too, so verification
 is real. Out-of-memory errors are counted, not failures.`,
 		Args: wrapArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.validate(); err != nil {
+			if err := o.validate(cmd); err != nil {
 				return err
 			}
 			if o.devices != "" {
@@ -206,6 +211,9 @@ type runResult struct {
 	Problems            []string          `json:"problems"`
 	ErrorCount          int64             `json:"error_count"`
 	Errors              []string          `json:"errors"`
+	// OversizedRequests: requests drawn above a goroutine's share of
+	// --max-live, not made (not counted in Ops).
+	OversizedRequests int64 `json:"oversized_requests"`
 	// Interrupted: SIGINT or SIGTERM ended the run before its --ops or
 	// --duration did; the figures are those of what ran.
 	Interrupted bool `json:"interrupted,omitempty"`
@@ -292,6 +300,7 @@ func summarize(ds *devices, dev device.Device, a allocator, w *workloadFlags, re
 		VerifiedBlocks: rep.VerifiedBlocks, VerifiedBytes: rep.VerifiedBytes,
 		PeakLiveBytes: rep.PeakLive, WorkloadDeviceCalls: rep.WorkCalls.Total(),
 		ProblemCount: rep.ProblemCount, Problems: problems, ErrorCount: rep.ErrorCount, Errors: errs,
+		OversizedRequests: rep.Oversized,
 	}
 	if peak, err := a.peakReserved(); err == nil {
 		res.PeakReservedBytes = peak
@@ -341,6 +350,12 @@ func printRunSummary(w io.Writer, r *runResult) {
 	fmt.Fprintf(w, "run%s: %d ops in %.2fs (%.0f ops/s) on %s (%s), backend %s, %d goroutines, %s stream\n",
 		interruptedNote(r.Interrupted), r.Ops, r.ElapsedSeconds, r.OpsPerSecond, r.Device, r.DeviceKind, r.Backend, r.Goroutines, r.Stream)
 	fmt.Fprintf(w, "  allocs %d, frees %d, out of memory %d\n", r.Allocs, r.Frees, r.OutOfMemory)
+	if r.Allocs+r.OutOfMemory+r.Frees > r.Ops {
+		fmt.Fprintln(w, "  (allocs + out of memory + frees exceed ops by the blocks live at the end, freed after the last op)")
+	}
+	if r.OversizedRequests > 0 {
+		fmt.Fprintf(w, "  %d requests not made: larger than a goroutine's share of --max-live (not counted in ops)\n", r.OversizedRequests)
+	}
 	fmt.Fprintf(w, "  verified (%s) %d blocks, %s read back\n", r.Verify, r.VerifiedBlocks, gib(r.VerifiedBytes))
 	ratio := 0.0
 	if r.PeakLiveBytes > 0 {

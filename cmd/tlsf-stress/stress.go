@@ -95,6 +95,7 @@ type stressReport struct {
 	VerifiedBlocks           int64
 	PeakLive                 uint64
 	Elapsed                  time.Duration
+	Oversized                int64    // requests not made: above a goroutine's share of --max-live
 	Problems                 []string // corruption, overlaps, lost blocks (first maxKeptProblems)
 	ProblemCount             int64
 	Errors                   []string // unexpected errors (first maxKeptProblems)
@@ -185,7 +186,7 @@ func (s *stress) report(start time.Time, check func()) *stressReport {
 	rep := &stressReport{
 		Ops: s.done.Load(), Allocs: s.allocs.Load(), Frees: s.frees.Load(), OOMs: s.ooms.Load(), OOMsWithin: s.oomsWithin.Load(), OOMsStill: s.oomsStill.Load(),
 		VerifiedBytes: s.verifiedBytes.Load(), VerifiedBlocks: s.verifiedBlocks.Load(),
-		PeakLive: s.peakLive.Load(), Elapsed: time.Since(start),
+		PeakLive: s.peakLive.Load(), Elapsed: time.Since(start), Oversized: s.oversized.Load(),
 	}
 	check()
 	if n := s.oversized.Load(); n > 0 && rep.Allocs == 0 {

@@ -24,6 +24,7 @@ var runSchema = map[string]string{
 	"peak_reserved_bytes": "int", "cap_bytes": "int", "device_calls": "int",
 	"device_calls_by_name": "object", "workload_device_calls": "int", "pool": "object",
 	"problem_count": "int", "problems": "array", "error_count": "int", "errors": "array", "ok": "bool",
+	"oversized_requests": "int",
 }
 
 func TestRunVerifiesOnSim(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -106,8 +107,8 @@ func printReplayTable(w io.Writer, ds *devices, results []*replayResult) {
 	}
 	for _, r := range results {
 		if r.FailedAllocs > 0 || r.WarmFailedAllocs > 0 || r.FirstError != "" {
-			fmt.Fprintf(w, "%s %s: %d allocations failed in the first replay, %d in the last warm one; first error: %s\n",
-				r.Trace, r.Backend, r.FailedAllocs, r.WarmFailedAllocs, r.FirstError)
+			fmt.Fprintf(w, "%s %s: %s failed in the first replay, %d in the %s; first error: %s\n",
+				r.Trace, r.Backend, plural(r.FailedAllocs, "allocation"), r.WarmFailedAllocs, plural(r.WarmRuns, "timed warm replay"), r.FirstError)
 		}
 	}
 	for _, line := range verdicts(ds, results, baselines) {
@@ -175,18 +176,19 @@ func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.B
 		}
 		bl, _ := baselineOf(baselines, best)
 		peerName, peerVal, peerFrom := "", 0.0, ""
-		consider := func(n string, v float64, from string) {
+		var peerBytes uint64 // the peer's peak reserved bytes, where known
+		consider := func(n string, v float64, bytes uint64, from string) {
 			if v > 0 && (peerName == "" || v < peerVal) {
-				peerName, peerVal, peerFrom = n, v, from
+				peerName, peerVal, peerBytes, peerFrom = n, v, bytes, from
 			}
 		}
 		for _, n := range slices.Sorted(maps.Keys(bl.Peers)) {
-			consider(n, peerMetric(bl.Peers[n]), baselineSource)
+			consider(n, peerMetric(bl.Peers[n]), bl.Peers[n].PeakReservedBytes, baselineSource)
 		}
 		if ds.kind == deviceCUDA {
 			for _, r := range rs {
 				if r.Backend == backendAsync {
-					consider(r.Backend, ours(r), "measured here")
+					consider(r.Backend, ours(r), r.PeakReservedBytes, "measured here")
 				}
 			}
 		}
@@ -196,11 +198,19 @@ func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.B
 		}
 		line := fmt.Sprintf("verdict %s: %s %s %.3f× live", name, who, metric, ours(best))
 		if peerName != "" {
+			// Peak reserved compares in bytes where the peer's are known
+			// (the peak live bytes are the same: baselineOf); else at
+			// baseline.json's precision, four decimals, so that a tie to
+			// the byte or to that precision is equal, not lower.
+			a, b := math.Round(ours(best)*1e4), math.Round(peerVal*1e4)
+			if !byCap && peerBytes > 0 {
+				a, b = float64(best.PeakReservedBytes), float64(peerBytes)
+			}
 			cmp := "lower"
 			switch {
-			case ours(best) > peerVal:
+			case a > b:
 				cmp = "higher"
-			case ours(best) == peerVal:
+			case a == b:
 				cmp = "equal"
 			}
 			line += fmt.Sprintf(" vs %.3f× for the best peer (%s, %s): %s", peerVal, peerName, peerFrom, cmp)
@@ -210,6 +220,14 @@ func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.B
 		out = append(out, line)
 	}
 	return out
+}
+
+// plural is n and word, with an s unless n is 1.
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
 }
 
 // traceKey names a replayed trace: two files of one name are two traces.

@@ -112,9 +112,6 @@ const simLinearAlign = 512
 type Config struct {
 	// Capacity is the GPU's memory in bytes, shared by all processes.
 	// Default 150754820096 (143771 MiB, an H200's cuMemGetInfo total).
-	// Above MaxCapacity, a pool that reserves twice the device's memory
-	// in address space (as pool.Options.VirtualSize does by default)
-	// finds no room for it in the process's window.
 	Capacity uint64
 	// Granularity is the VMM allocation granularity in bytes, a power of
 	// two of at least 512. Default 2 MiB.
@@ -288,10 +285,6 @@ const simVATop uint64 = 0x7f00_0000_0000
 // beyond it fail with ErrOutOfMemory, as the driver's do when its address
 // space runs out.
 const simVASpan uint64 = 1 << 42
-
-// MaxCapacity is the largest Config.Capacity, in bytes (2 TiB), whose
-// double fits a process's window of virtual addresses (4 TiB).
-const MaxCapacity = simVASpan / 2
 
 func (g *simGPU) newProcess(cfg Config) *Device {
 	p := len(g.procs)

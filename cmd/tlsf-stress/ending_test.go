@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -87,5 +88,25 @@ func TestAnInterruptedMultiReportsEveryProcess(t *testing.T) {
 				assert.Equal(t, "0", fmt.Sprint(m["exit_status"]))
 			}
 		})
+	}
+}
+
+// --duration without --ops runs for the duration: --ops is 0 then, not
+// its default, which ended a short run first.
+func TestADurationAloneSetsNoOpsBound(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int64
+	}{
+		{[]string{"--duration", "1h"}, 0},
+		{[]string{"--duration", "1h", "--ops", "7"}, 7},
+		{nil, defaultMultiOps},
+	} {
+		w := &workloadFlags{}
+		cmd := &cobra.Command{}
+		w.register(cmd, defaultMultiOps)
+		require.NoError(t, cmd.ParseFlags(tc.args))
+		require.NoError(t, w.validate(cmd))
+		assert.Equal(t, tc.want, w.ops, "%v", tc.args)
 	}
 }
