@@ -101,3 +101,63 @@ func TestAFailedBackingKeepsTheSpares(t *testing.T) {
 	require.Equal(t, before.ReleasedBytes, after.ReleasedBytes)
 	require.NoError(t, p.Check())
 }
+
+// holesOnAFullDevice makes a pool of twelve 2 MiB blocks with one-page
+// handles, frees the blocks free names and trims (released pages under
+// free blocks, no spares), fills the device to one page, frees the
+// blocks after names (joining free blocks over the holes) and resets the
+// peaks.
+func holesOnAFullDevice(t *testing.T, free []int, after ...int) *pool.Pool {
+	const mib = 1 << 20
+	sd := sim.New(sim.Config{Capacity: 32 * mib})
+	p, err := pool.New(sd, pool.Options{Backend: pool.BackendVMM, MaxBytes: 64 * mib,
+		Cache: pool.CacheOptions{Disable: true}, NoScavenger: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, p.Close()) })
+	var b [12]uintptr
+	for i := range b {
+		b[i], err = p.Alloc(2 * mib)
+		require.NoError(t, err)
+	}
+	for _, i := range free {
+		require.NoError(t, p.Free(b[i]))
+	}
+	_, err = p.Trim()
+	require.NoError(t, err)
+	f, _, err := sd.MemGetInfo()
+	require.NoError(t, err)
+	require.NoError(t, sd.NewProcess().Occupy(f-2*mib))
+	for _, i := range after {
+		require.NoError(t, p.Free(b[i]))
+	}
+	p.ResetPeaks()
+	return p
+}
+
+// A backing that fails after an earlier run of it created a handle (no
+// spares to take) changes neither reserved memory, nor its peak, nor the
+// releases counted: before, the undo kept the created handle as a spare
+// (reserved and its peak rose), or released it counted as a release.
+func TestAFailedBackingKeepsNoHandleItCreated(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		free, after []int
+		size        uint64
+	}{
+		{"a later run refused", []int{6, 8, 10}, []int{7, 9}, 10 << 20}, // page 6 created, page 8 refused
+		{"its own run refused", []int{6, 7}, []int{8}, 6 << 20},         // page 6 created, page 7 refused
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := holesOnAFullDevice(t, tc.free, tc.after...)
+			before := p.Stats()
+			_, err := p.Alloc(tc.size)
+			require.ErrorIs(t, err, pool.ErrOutOfMemory)
+			after := p.Stats()
+			require.Equal(t, before.Reserved, after.Reserved)
+			require.Equal(t, before.ReservedPeak, after.ReservedPeak, "a failed request raises no peak")
+			require.Equal(t, before.Releases, after.Releases, "a failed request counts no release")
+			require.Equal(t, before.ReleasedBytes, after.ReleasedBytes)
+			require.NoError(t, p.Check())
+		})
+	}
+}

@@ -240,7 +240,7 @@ func TestAHandleIsSizedToTheDevicesFreeMemory(t *testing.T) {
 	// 32 pages wanted, 16 needed, 16 free: one handle of 16 pages, then
 	// one refused page. (Asking for 32 first: 32, 16 and then 16, 8, 4, 2
 	// and 1 for the rest, six refused.)
-	n, err := h.mapRun(0, 32, 16, 0, ^uint64(0), maxHandlePages)
+	n, err := h.mapRun(0, 32, 16, 0, ^uint64(0), maxHandlePages, &mapLog{})
 	require.NoError(t, err)
 	require.Equal(t, uint64(16), n)
 	require.LessOrEqual(t, dev.counts()[device.CallMemCreate], uint64(2))
@@ -397,7 +397,7 @@ func TestSparesThatFitNowhereAreReleasedBeforeCreating(t *testing.T) {
 	mh, err := sd.MemCreate(16 * miB) // all of the device, as a spare of 8 pages
 	require.NoError(t, err)
 	h.pushSpare(mh, 8)
-	n, err := h.mapRun(0, 4, 4, 0, ^uint64(0), 1)
+	n, err := h.mapRun(0, 4, 4, 0, ^uint64(0), 1, &mapLog{})
 	require.NoError(t, err, "the 8-page spare fits nowhere in 4 pages: released first, its memory makes the 4 handles")
 	require.Equal(t, uint64(4), n)
 	assert.Zero(t, h.nSpare)

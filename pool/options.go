@@ -177,7 +177,8 @@ type Options struct {
 	// request's own second-level list (tlsf.Index.AllocFit): the block is
 	// the request rounded up to 256 bytes, and a free block of the
 	// request's own list that holds it is taken before the next list's,
-	// in O(tlsf.FitScan). Blocks the caches serve keep their size class
+	// in O(tlsf.FitScan) (where no later list has a block, the rest of the
+	// own list is read rather than fail: tlsf.Index.AllocFit). Blocks the caches serve keep their size class
 	// (cached blocks of a class are alike), as do aligned requests
 	// (AllocPitch); the statistics count every block at the size the pool
 	// gave it (Pool.blockSize), a passthrough pool's included, and Size

@@ -121,7 +121,9 @@ func (p *Pool) driverWork() uint64 {
 // scavengeLocked is one wake of the scavenger: if the device's free
 // memory is below FreeFloorFraction × total, return unused memory up to
 // the shortfall, scavengeStep bytes at a time, pending frees whose
-// streams passed them (an event query each) and the per-P caches' blocks
+// streams passed them (a poll: an event recorded on each stream with
+// frees not yet sealed, a synchronization where that fails, and an event
+// query per batch) and the per-P caches' blocks
 // too if the heap alone has not enough, until about scavengeCalls driver
 // calls' work is done (driverWork). It returns the bytes returned. Pool
 // lock held.
@@ -143,7 +145,7 @@ func (p *Pool) scavengeLocked() (uint64, error) {
 	// Frees pending on streams whose events completed, and with several
 	// streams the caches' blocks once flushed (giveBack), go back to the
 	// index before releasing: an idle pool polls no other way. Pending
-	// frees still queued stay (the scavenger never waits for a stream).
+	// frees still queued stay (the poll does not wait for their events).
 	_ = p.pollPending(false)
 	for n < want && p.driverWork()-start < scavengeCalls {
 		m, err := p.releaseUnused(min(want-n, scavengeStep))

@@ -321,8 +321,9 @@ func (p *Pool) withinLive(size uint64) bool {
 }
 
 // placeCandidates is how many free blocks the out-of-memory path weighs
-// for a request (placeMapped): each costs two O(1) index operations and a
-// walk over its pages (about 1 µs), a page moved a cuMemMap and a share of
+// for a request (placeMapped): each costs two index operations (O(1), but
+// for AllocFit's scan of a long own list where no later list has a block:
+// tlsf.Index.AllocFit) and a walk over its pages (about 1 µs), a page moved a cuMemMap and a share of
 // a cuMemUnmap and a cuMemSetAccess (tens of µs on an H200). Measured on
 // the simulated H200 with tlsf-stress multi's workload (K = 2, 1.5×
 // oversubscribed): 1, 8, 32, 128 candidates give 11, 5.6, 4.7, 4.1 driver

@@ -320,10 +320,12 @@ func (h *vmmHeap) grow(need, want uint64) error {
 	}
 	first := (h.end - h.base) / h.gran
 	lo, hi, large := h.growthRange(first, need)
-	n, err := h.mapRun(first, want/h.gran, need/h.gran, lo, hi, large)
+	var lg mapLog
+	n, err := h.mapRun(first, want/h.gran, need/h.gran, lo, hi, large, &lg)
 	if err != nil {
 		return err
 	}
+	h.settle(&lg)
 	added := n * h.gran
 	if h.end == h.base {
 		err = h.x.AddRegion(h.base, added)
@@ -377,9 +379,12 @@ const handleStreak = 16
 // Spares that fit nowhere in the run are released (dropSpares), at least
 // as many pages as it created: before each new handle, those larger than
 // any run of pages left for them, up to the pages created so far and the
-// handle's, so that the device has their memory for it; the rest at the
-// end. (A handle that then comes out smaller, or is refused, leaves
-// reserved memory below what the caller planned, never above.)
+// handle's, so that the device has their memory for it; the rest when the
+// caller settles lg, the log of its mappings, after every run it maps
+// succeeded (settle). (A handle that then comes out smaller, or is
+// refused, leaves reserved memory below what the caller planned, never
+// above.) A run that fails undoes its own mappings (undoMaps) and leaves
+// lg as it found it, but for the spares it released for new handles.
 //
 // A handle larger than a page is no larger than the device's free memory
 // (cuMemGetInfo, asked once per run that wants one). One that the driver
@@ -394,7 +399,7 @@ const handleStreak = 16
 // 1,222–1,225 and 10.4–10.6; remembering it and sizing to free memory,
 // 1,449–1,482 and 9.4–9.8. (Handles of up to 512 pages instead of 64 gave
 // 1,123 and 10.4–10.6.) It returns how many pages it mapped.
-func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) {
+func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64, lg *mapLog) (uint64, error) {
 	var done uint64
 	var err error
 	if h.most == 0 {
@@ -402,11 +407,7 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) 
 	}
 	free, asked := h.freeHint, h.freeHintOK // the device's free memory, once known
 	h.freeHintOK = false
-	var created, dropped uint64 // pages of new handles, of spares released for them
-	// Spares that fitted nowhere in the run are released, as many pages
-	// as it created: the caller counted spares as memory the mapping
-	// would use, so reserved memory ends where it expected.
-	defer func() { h.dropSpares(created-min(created, dropped), 0) }()
+	start := len(lg.maps)
 	for done < n {
 		p := first + done
 		var mh device.MemHandle
@@ -430,9 +431,9 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) 
 			// their memory for this handle. On a full device shared with
 			// other processes, creating first fails, or takes memory a
 			// neighbour just gave back.
-			if h.nSpare > 0 && created+k > dropped {
-				r := h.dropSpares(created+k-dropped, maxFit(p, first+n, lo, hi))
-				dropped += r
+			if h.nSpare > 0 && lg.created+k > lg.dropped {
+				r := h.dropSpares(lg.created+k-lg.dropped, maxFit(p, first+n, lo, hi))
+				lg.dropped += r
 				free += r * h.gran
 			}
 			if k > 1 {
@@ -455,7 +456,6 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) 
 				break
 			}
 			free -= min(free, k*h.gran)
-			created += k
 			if k == h.most && k < maxHandlePages {
 				if h.streak++; h.streak >= handleStreak {
 					h.most, h.streak = min(2*h.most, maxHandlePages), 0
@@ -477,22 +477,84 @@ func (h *vmmHeap) mapRun(first, n, least, lo, hi, large uint64) (uint64, error) 
 		}
 		h.nMapped += k
 		done += k
+		lg.maps = append(lg.maps, logMap{p: p, k: k, spare: spare})
+		if !spare {
+			lg.created += k
+		}
 	}
 	if h.note != nil && done > 0 {
 		h.note(h.pageAddr(first), done*h.gran, true)
 	}
 	if err != nil && done < least {
-		h.undoMapping(first, done)
+		h.undoMaps(lg, start)
 		return 0, err
 	}
 	if done == 0 {
 		return 0, err
 	}
 	if aerr := h.setAccess(uintptr(h.pageAddr(first)), done*h.gran); aerr != nil {
-		h.undoMapping(first, done)
+		h.undoMaps(lg, start)
 		return 0, aerr
 	}
 	return done, nil
+}
+
+// mapLog records the mappings of one growth or backing (mapRun), for
+// their undo (undoMaps) or settling (settle): each mapping, and the pages
+// of new handles created and of spares released for them.
+type mapLog struct {
+	maps             []logMap
+	created, dropped uint64
+}
+
+// logMap is one mapping: k pages from page p, of a handle taken from the
+// spares or created for it.
+type logMap struct {
+	p, k  uint64
+	spare bool
+}
+
+// settle ends the mappings lg recorded, all of which stay: the spares
+// that fitted nowhere are released (counted in dropped), as many pages as
+// were created, less those released already, so that reserved memory
+// ends where the caller expected (it counted spares as memory the mapping
+// would use).
+func (h *vmmHeap) settle(lg *mapLog) {
+	h.dropSpares(lg.created-min(lg.created, lg.dropped), 0)
+}
+
+// undoMaps undoes the mappings lg recorded from index from on, the last
+// first: each is unmapped, its handle back to the spares where it came
+// from them, else released uncounted (created for this growth or backing,
+// it was never reserved memory before) and taken off lg.created. So a
+// failed mapping changes neither reserved memory nor the releases
+// counted, but for the spares released for new handles (lg.dropped:
+// counted, their memory back with the driver). Before, the undo released
+// every handle, spares included, with no release counted, and a failed
+// backing kept what earlier runs created as spares. A mapping the driver
+// will not unmap stays mapped, as strays. It returns the pages unmapped.
+func (h *vmmHeap) undoMaps(lg *mapLog, from int) uint64 {
+	var undone uint64
+	for i := len(lg.maps) - 1; i >= from; i-- {
+		e := lg.maps[i]
+		mode := releaseAll
+		if e.spare {
+			mode = keepAll
+		}
+		if h.unmap(e.p, e.k, mode) != nil {
+			for q := e.p; q < e.p+e.k; q++ {
+				h.stray[q] = true
+			}
+			h.nStray += e.k
+			continue
+		}
+		undone += e.k
+		if !e.spare {
+			lg.created -= e.k
+		}
+	}
+	lg.maps = lg.maps[:from]
+	return undone
 }
 
 // handlePages is the most pages of a new handle outside a shared growth's
@@ -536,24 +598,6 @@ func (h *vmmHeap) mappingLen(p uint64) uint64 {
 		q++
 	}
 	return q - p
-}
-
-// undoMapping undoes a mapping of pages [first, first+n) that failed
-// (mapRun, back): it unmaps them and keeps every handle as a spare, those
-// the mapping took from the spares and those it created alike, so that
-// reserved memory is what it was (mapRun's deferred dropSpares releases
-// as many pages as it created) and no memory the pool held goes back to
-// the driver uncounted. Before, the undo released every handle, spares
-// included, with no release counted. If the driver refuses the unmap,
-// the pages stay mapped as strays.
-func (h *vmmHeap) undoMapping(first, n uint64) {
-	if n == 0 || h.unmap(first, n, keepAll) == nil {
-		return
-	}
-	for p := first; p < first+n; p++ {
-		h.stray[p] = true
-	}
-	h.nStray += n
 }
 
 // runs returns the maximal runs of pages in [first, end) whose flag is
@@ -606,7 +650,7 @@ type unmapMode uint8
 const (
 	releaseAll unmapMode = iota // release them
 	keepMoved                   // keep them as spares, but for small ones under pressure (unmap)
-	keepAll                     // keep every one as a spare (undoMapping)
+	keepAll                     // keep every one as a spare (undoMaps)
 )
 
 // unmap unmaps pages [first, first+n), all mapped and made of whole
@@ -744,29 +788,25 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 	// apart.
 	lo := (b.Addr - h.base + h.gran - 1) / h.gran
 	hi := (b.Addr + b.Size - h.base) / h.gran
-	var mappedNow [][2]uint64
+	var lg mapLog
 	for _, hole := range runs(h.mapped, first, end, false) {
 		p, q := hole[0], hole[0]+hole[1]
 		large := h.handlePages()
 		if h.fine && h.sharedPages >= 2 {
 			large = h.sharedPages
 		}
-		if _, err := h.mapRun(p, q-p, q-p, lo, hi, large); err != nil {
-			// The runs mapped already go back to holes, their handles
-			// to the spares (undoMapping): each run's own mapRun released
-			// as many spares as it created.
-			for _, r := range mappedNow {
-				if h.unmap(r[0], r[1], keepAll) == nil {
-					h.holes += r[1]
-				} // else the run stays mapped: backed, no longer holes
-			}
+		if _, err := h.mapRun(p, q-p, q-p, lo, hi, large, &lg); err != nil {
+			// The runs mapped already go back to holes (undoMaps); a
+			// mapping the driver will not unmap stays backed, no longer
+			// a hole.
+			h.holes += h.undoMaps(&lg, 0)
 			h.onChange()
 			return err
 		}
 		h.holes -= q - p
 		h.onChange()
-		mappedNow = append(mappedNow, hole)
 	}
+	h.settle(&lg)
 	return nil
 }
 

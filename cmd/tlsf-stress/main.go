@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -50,22 +51,45 @@ func main() {
 	os.Exit(executeSignals(os.Args[1:]))
 }
 
-// executeSignals is execute stopped early by SIGINT or SIGTERM (see
-// executeContext). The first interrupt stops the run, a second ends the
-// program; a multi child heeds every interrupt the same way.
+// interruptible names the subcommands a SIGINT or SIGTERM stops early,
+// which then report what ran (executeContext): they watch their context.
+// The others (export, sanitize, help) end at once, as by default.
+var interruptible = []string{"run", "multi", multiChildCmd, "replay"}
+
+// executeSignals is execute stopped early by SIGINT or SIGTERM where the
+// subcommand is interruptible (see executeContext). The first interrupt
+// stops the run, a second ends the program. A multi child stops at the
+// first and ends at the third: its parent interrupts it as the terminal
+// may have done too.
 func executeSignals(args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	child := len(args) > 0 && args[0] == multiChildCmd
+	sub, _, err := newRootCmd(io.Discard, io.Discard).Find(args)
+	if err != nil || !slices.Contains(interruptible, sub.Name()) {
+		return execute(args, os.Stdout, os.Stderr)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	done := make(chan struct{})
+	defer close(done)
+	caught := 1
+	if sub.Name() == multiChildCmd {
+		caught = 2
+	}
 	go func() {
-		<-ctx.Done()
-		if child {
-			// multi's parent sends a child SIGINT as the terminal may
-			// have: either one stops it, and it still reports.
-			return
+		for i := range caught {
+			select {
+			case <-done:
+				return
+			case <-sigs:
+			}
+			cancel()
+			if i == 0 && sub.Name() != multiChildCmd {
+				fmt.Fprintln(os.Stderr, "tlsf-stress: interrupted: stopping and reporting what ran (interrupt again to quit at once)")
+			}
 		}
-		stop() // a second interrupt ends the program at once
-		fmt.Fprintln(os.Stderr, "tlsf-stress: interrupted: stopping and reporting what ran (interrupt again to quit at once)")
+		signal.Stop(sigs) // the next interrupt ends the program
 	}()
 	return executeContext(ctx, args, os.Stdout, os.Stderr)
 }

@@ -73,7 +73,7 @@ func (w *workloadFlags) register(cmd *cobra.Command, defaultOps int64) {
 // --duration without --ops runs for the duration (--ops 0): before, the
 // default --ops ended it first.
 func (w *workloadFlags) validate(cmd *cobra.Command) error {
-	if f := cmd.Flags(); f.Changed("duration") && !f.Changed("ops") {
+	if f := cmd.Flags(); f.Changed("duration") && !f.Changed("ops") && w.duration > 0 {
 		w.ops = 0
 	}
 	if !slices.Contains(allBackends, w.backend) {

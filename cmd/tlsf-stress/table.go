@@ -198,6 +198,13 @@ func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.B
 		}
 		line := fmt.Sprintf("verdict %s: %s %s %.3f× live", name, who, metric, ours(best))
 		if peerName != "" {
+			// Three decimals, or four where three would show a
+			// difference as a tie.
+			prec := 3
+			if fmt.Sprintf("%.3f", ours(best)) == fmt.Sprintf("%.3f", peerVal) {
+				prec = 4
+				line = fmt.Sprintf("verdict %s: %s %s %.4f× live", name, who, metric, ours(best))
+			}
 			// Peak reserved compares in bytes where the peer's are known
 			// (the peak live bytes are the same: baselineOf); else at
 			// baseline.json's precision, four decimals, so that a tie to
@@ -213,7 +220,7 @@ func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.B
 			case a == b:
 				cmp = "equal"
 			}
-			line += fmt.Sprintf(" vs %.3f× for the best peer (%s, %s): %s", peerVal, peerName, peerFrom, cmp)
+			line += fmt.Sprintf(" vs %.*f× for the best peer (%s, %s): %s", prec, peerVal, peerName, peerFrom, cmp)
 		} else {
 			line += " (no peer figure to compare)"
 		}
