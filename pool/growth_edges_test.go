@@ -3,6 +3,7 @@ package pool_test
 import (
 	"testing"
 
+	"github.com/gpumem/tlsf/device"
 	"github.com/gpumem/tlsf/device/sim"
 	"github.com/gpumem/tlsf/pool"
 	"github.com/stretchr/testify/require"
@@ -160,4 +161,47 @@ func TestAFailedBackingKeepsNoHandleItCreated(t *testing.T) {
 			require.NoError(t, p.Check())
 		})
 	}
+}
+
+// A backing whose rollback cannot unmap an earlier run's page leaves it
+// as a stray, counted as a hole still: before, the count fell one short,
+// and a later block was handed out on the page once the stray was
+// unmapped.
+func TestARollbackLeavingAStrayKeepsItAHole(t *testing.T) {
+	const mib = 1 << 20
+	sd := sim.New(sim.Config{Capacity: 32 * mib})
+	p, err := pool.New(sd, pool.Options{Backend: pool.BackendVMM, MaxBytes: 64 * mib,
+		Cache: pool.CacheOptions{Disable: true}, NoScavenger: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	var b [12]uintptr
+	for i := range b {
+		b[i], err = p.Alloc(2 * mib)
+		require.NoError(t, err)
+	}
+	for _, i := range []int{6, 8, 10} {
+		require.NoError(t, p.Free(b[i]))
+	}
+	_, err = p.Trim()
+	require.NoError(t, err)
+	f, _, err := sd.MemGetInfo()
+	require.NoError(t, err)
+	other := sd.NewProcess()
+	require.NoError(t, other.Occupy(f-2*mib)) // one page free
+	require.NoError(t, p.Free(b[7]))
+	require.NoError(t, p.Free(b[9]))        // a free block over pages 6 to 10, holes at 6, 8, 10
+	sd.FailNth(device.CallMemUnmap, 1, nil) // page 6 created, page 8 refused; the undo of 6 fails
+	_, err = p.Alloc(10 * mib)
+	require.ErrorIs(t, err, pool.ErrOutOfMemory)
+	require.NoError(t, p.Check())
+	other.Vacate(f - 2*mib)
+	for i := range 16 {
+		a, err := p.Alloc(2 * mib)
+		if err != nil {
+			break
+		}
+		require.NoError(t, sd.MemsetD32(a, 0xabcd, 2*mib/4), "block %d at %#x", i, a)
+	}
+	require.Empty(t, sd.Violations())
+	require.NoError(t, p.Check())
 }

@@ -532,7 +532,8 @@ func (h *vmmHeap) settle(lg *mapLog) {
 // counted, their memory back with the driver). Before, the undo released
 // every handle, spares included, with no release counted, and a failed
 // backing kept what earlier runs created as spares. A mapping the driver
-// will not unmap stays mapped, as strays. It returns the pages unmapped.
+// will not unmap stays mapped, as strays. It returns the pages of the
+// mappings undone, unmapped or strays: below end, both are holes.
 func (h *vmmHeap) undoMaps(lg *mapLog, from int) uint64 {
 	var undone uint64
 	for i := len(lg.maps) - 1; i >= from; i-- {
@@ -541,6 +542,7 @@ func (h *vmmHeap) undoMaps(lg *mapLog, from int) uint64 {
 		if e.spare {
 			mode = keepAll
 		}
+		undone += e.k
 		if h.unmap(e.p, e.k, mode) != nil {
 			for q := e.p; q < e.p+e.k; q++ {
 				h.stray[q] = true
@@ -548,7 +550,6 @@ func (h *vmmHeap) undoMaps(lg *mapLog, from int) uint64 {
 			h.nStray += e.k
 			continue
 		}
-		undone += e.k
 		if !e.spare {
 			lg.created -= e.k
 		}
@@ -796,9 +797,9 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 			large = h.sharedPages
 		}
 		if _, err := h.mapRun(p, q-p, q-p, lo, hi, large, &lg); err != nil {
-			// The runs mapped already go back to holes (undoMaps); a
-			// mapping the driver will not unmap stays backed, no longer
-			// a hole.
+			// The runs mapped already go back to holes (undoMaps): a
+			// mapping the driver will not unmap stays, as a stray, which
+			// is a hole too (check).
 			h.holes += h.undoMaps(&lg, 0)
 			h.onChange()
 			return err
@@ -817,9 +818,10 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 // takes under one free block: freeMappings; a failed cuMemUnmap leaves
 // that whole run mapped, and a handle whose cuMemRelease fails becomes
 // an orphan while release goes on with the next run); without keep it first
-// releases the spares. With keep, it keeps their handles as spares for
-// the next mapping instead, as unmap says, and reports the bytes so
-// moved.
+// releases the spares. It releases the orphans again first in either
+// mode. With keep, it keeps the unmapped handles as spares for the next
+// mapping instead, as unmap says, and reports the bytes so moved (and
+// the orphans released).
 func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 	h.extend(h.standby)
 	if err := h.unmapStrays(); err != nil {
@@ -850,14 +852,21 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 		}
 	}
 	free := h.freeMappings(top)
-	if !keep {
-		n, err := h.releaseOrphans()
-		released += n
-		if err != nil {
-			return released, err
-		}
+	// Orphans (handles whose cuMemRelease failed) are released again in
+	// either mode: they serve no mapping, and on a full device their
+	// memory is what a mapping waits for. Before, a move (keep) left them,
+	// and a pool whose only memory was an orphan failed every request
+	// until a Trim (fuzz input 95280f31f7969c13). With keep they count as
+	// released, not moved (dropped: Pool.noteMoved).
+	n, err := h.releaseOrphans()
+	released += n
+	if keep {
+		h.dropped += n
 	}
-	n, err := h.unmapFree(free, released, limit, keep, true)
+	if err != nil {
+		return released, err
+	}
+	n, err = h.unmapFree(free, released, limit, keep, true)
 	return released + n, err
 }
 
