@@ -205,3 +205,44 @@ func TestARollbackLeavingAStrayKeepsItAHole(t *testing.T) {
 	require.Empty(t, sd.Violations())
 	require.NoError(t, p.Check())
 }
+
+// A move goes on past an orphan whose release the driver refuses again:
+// a growth under ReleaseFraction on a device with plenty of room serves
+// the request (before the fix of the orphans' release, it failed with the
+// orphan's error).
+func TestAMoveGoesOnPastAStuckOrphan(t *testing.T) {
+	const mib = 1 << 20
+	sd := sim.New(sim.Config{Capacity: 1 << 30})
+	p, err := pool.New(sd, pool.Options{Backend: pool.BackendVMM, ReleaseFraction: 0.1,
+		Cache: pool.CacheOptions{Disable: true}, NoScavenger: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	var x [8]uintptr
+	for i := range x {
+		x[i], err = p.Alloc(32 * mib)
+		require.NoError(t, err)
+	}
+	for _, i := range []int{1, 3, 5} {
+		require.NoError(t, p.Free(x[i]))
+	}
+	sd.FailRate(device.CallMemRelease, 1, nil)
+	_, err = p.Trim()
+	sd.ClearFaults()
+	require.NoError(t, err) // the released handles are orphans: still reserved
+	require.Equal(t, uint64(256*mib), p.Stats().Reserved)
+	for _, i := range []int{1, 3, 5} { // map the holes again, then free: free mapped memory
+		x[i], err = p.Alloc(32 * mib)
+		require.NoError(t, err)
+	}
+	for _, i := range []int{1, 3, 5} {
+		require.NoError(t, p.Free(x[i]))
+	}
+	p.ResetPeaks()
+	require.Greater(t, p.Stats().Reserved, uint64(256*mib), "orphans left")
+	free, _, err := sd.MemGetInfo()
+	require.NoError(t, err)
+	sd.FailNth(device.CallMemRelease, 1, nil) // an orphan's release fails again
+	_, err = p.Alloc(64 * mib)
+	require.NoError(t, err, "the device has %d MiB free", free/mib)
+	require.NoError(t, p.Check())
+}

@@ -2191,7 +2191,9 @@ func (p *Pool) noteReleased(n uint64) {
 // the pool synchronizes the streams it knows before it returns memory to
 // the driver, and a destroyed stream cannot be synchronized (see
 // "Destroyed streams" in streams.go). Forgetting a stream the pool does
-// not know, or one dropped already, does nothing.
+// not know, or one dropped already, does nothing (in guard mode, a stream
+// a live block's red-zone fill was queued on is synchronized, and taken
+// off that block's record, all the same).
 // Errors: ErrClosed, device errors (nothing changed).
 func (p *Pool) ForgetStream(s device.Stream) error {
 	p.mu.Lock()

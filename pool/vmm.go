@@ -819,7 +819,8 @@ func (h *vmmHeap) back(b tlsf.Block) error {
 // that whole run mapped, and a handle whose cuMemRelease fails becomes
 // an orphan while release goes on with the next run); without keep it first
 // releases the spares. It releases the orphans again first in either
-// mode. With keep, it keeps the unmapped handles as spares for the next
+// mode (with keep, one the driver still refuses stays, and the move goes
+// on; without, its error is returned). With keep, it keeps the unmapped handles as spares for the next
 // mapping instead, as unmap says, and reports the bytes so moved (and
 // the orphans released).
 func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
@@ -861,7 +862,10 @@ func (h *vmmHeap) release(limit uint64, keep bool) (uint64, error) {
 	n, err := h.releaseOrphans()
 	released += n
 	if keep {
+		// A move goes on past an orphan the driver still refuses: the
+		// free mappings serve it all the same.
 		h.dropped += n
+		err = nil
 	}
 	if err != nil {
 		return released, err

@@ -221,7 +221,7 @@
 // non-zero ones), problem_count,
 // problems (the first 20), error_count, errors, oversized_requests
 // (requests drawn above a goroutine's share of --max-live: not made, not
-// counted in ops), interrupted (true only
+// counted in ops, though --ops counts them), interrupted (true only
 // when a signal stopped the run, else absent), ok.
 //
 // # run --devices
@@ -286,8 +286,11 @@
 // blocks, unexpected errors, a crashed child, a replay whose free failed,
 // or allocations that failed in a replay without --cap (with --cap they
 // are the measurement); 2 for a bad command line; 130 when SIGINT or
-// SIGTERM stopped the run: run and multi then report the operations done
-// ("interrupted" in the first line, the JSON's "interrupted": true; multi
-// interrupts its child processes, which report too), replay the rows
-// replayed, and a second interrupt ends the program at once.
+// SIGTERM stopped a run that found no failure: run and multi then report
+// the operations done (run's first line says "interrupted", multi's
+// status column too, the JSON's "interrupted" is true; multi interrupts
+// its child processes, which report too), replay and the command alone
+// the rows replayed (between traces: a trace's replay runs to its end),
+// and a second interrupt ends the program at once. export and sanitize
+// end at once, as by default.
 package main

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,6 +62,21 @@ func TestAnInterruptedReplayExitsWith130(t *testing.T) {
 	require.Equal(t, exitInterrupted, status, "%s\n%s", out, errs)
 	assert.Empty(t, jsonLines(t, out))
 	assert.Contains(t, errs, "interrupted")
+	// The command alone, replay --min-cap over every trace, too.
+	out, errs, status = cliInterrupted(t, 0, "--device", "sim")
+	require.Equal(t, exitInterrupted, status, "%s\n%s", out, errs)
+	assert.NotContains(t, out, "verdict")
+}
+
+// The command alone and the interruptible subcommands take signals
+// (executeSignals); export, sanitize and help end at once, as by default.
+func TestWhichCommandsTakeSignals(t *testing.T) {
+	for args, want := range map[string]bool{
+		"": true, "--device sim": true, "run": true, "replay lstm": true, "multi": true, multiChildCmd: true,
+		"export lstm": false, "sanitize": false, "help": false,
+	} {
+		assert.Equal(t, want, takesSignals(strings.Fields(args)), "%q", args)
+	}
 }
 
 // Interrupted, multi's processes stop and report, in-process and as child

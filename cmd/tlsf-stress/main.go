@@ -52,9 +52,19 @@ func main() {
 }
 
 // interruptible names the subcommands a SIGINT or SIGTERM stops early,
-// which then report what ran (executeContext): they watch their context.
-// The others (export, sanitize, help) end at once, as by default.
+// which then report what ran (executeContext): they watch their context,
+// as the command alone does (replay --min-cap). The others (export,
+// sanitize, help) end at once, as by default.
 var interruptible = []string{"run", "multi", multiChildCmd, "replay"}
+
+// takesSignals reports whether the command line args runs the command
+// alone or an interruptible subcommand.
+func takesSignals(args []string) bool {
+	root := newRootCmd(io.Discard, io.Discard)
+	root.InitDefaultHelpCmd() // as Execute does: "help" is a subcommand
+	sub, _, err := root.Find(args)
+	return err == nil && (sub == root || slices.Contains(interruptible, sub.Name()))
+}
 
 // executeSignals is execute stopped early by SIGINT or SIGTERM where the
 // subcommand is interruptible (see executeContext). The first interrupt
@@ -62,10 +72,10 @@ var interruptible = []string{"run", "multi", multiChildCmd, "replay"}
 // first and ends at the third: its parent interrupts it as the terminal
 // may have done too.
 func executeSignals(args []string) int {
-	sub, _, err := newRootCmd(io.Discard, io.Discard).Find(args)
-	if err != nil || !slices.Contains(interruptible, sub.Name()) {
+	if !takesSignals(args) {
 		return execute(args, os.Stdout, os.Stderr)
 	}
+	child := len(args) > 0 && args[0] == multiChildCmd
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sigs := make(chan os.Signal, 1)
@@ -74,7 +84,7 @@ func executeSignals(args []string) int {
 	done := make(chan struct{})
 	defer close(done)
 	caught := 1
-	if sub.Name() == multiChildCmd {
+	if child {
 		caught = 2
 	}
 	go func() {
@@ -85,7 +95,7 @@ func executeSignals(args []string) int {
 			case <-sigs:
 			}
 			cancel()
-			if i == 0 && sub.Name() != multiChildCmd {
+			if i == 0 && !child {
 				fmt.Fprintln(os.Stderr, "tlsf-stress: interrupted: stopping and reporting what ran (interrupt again to quit at once)")
 			}
 		}
@@ -107,9 +117,9 @@ func executeContext(ctx context.Context, args []string, stdout, stderr io.Writer
 	root := newRootCmd(stdout, stderr)
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
-	if ctx.Err() != nil && (err == nil || errors.Is(err, errFailed)) && (len(args) == 0 || args[0] != multiChildCmd) {
-		// The run stopped as ctx ended, and reported; a child's parent
-		// judges its report.
+	if ctx.Err() != nil && err == nil && (len(args) == 0 || args[0] != multiChildCmd) {
+		// The run stopped as ctx ended, and reported, finding no failure
+		// (one that did exits 1); a child's parent judges its report.
 		err = errInterrupted
 	}
 	switch {

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -593,6 +594,31 @@ func TestAVerdictTieIsEqual(t *testing.T) {
 		v := verdicts(ds, []*replayResult{r}, bl)
 		require.Len(t, v, 1)
 		assert.True(t, strings.HasSuffix(v[0], ": "+tc.want), "%+v: %s", tc, v[0])
+		// The figures shown agree with the comparison: alike when equal,
+		// apart when not.
+		m := regexp.MustCompile(`([\d.]+)× live vs ([\d.]+)×`).FindStringSubmatch(v[0])
+		require.Len(t, m, 3, v[0])
+		assert.Equal(t, tc.want == "equal", m[1] == m[2], "%+v: %s", tc, v[0])
+	}
+}
+
+// The figures a verdict shows agree with its comparison at baseline.json's
+// precision too: 1.00146 against 1.0015 is equal, shown 1.0015 both
+// (before, 1.001 against 1.002: equal).
+func TestAVerdictShowsItsComparison(t *testing.T) {
+	for _, tc := range []struct {
+		ours, peer float64
+		equal      bool
+		want       [2]string
+	}{
+		{1.00146, 1.0015, true, [2]string{"1.0015", "1.0015"}},
+		{1.0203, 1.0203, true, [2]string{"1.020", "1.020"}},
+		{1.02031, 1.0204, false, [2]string{"1.0203", "1.0204"}},
+		{1.0200001, 1.0200002, false, [2]string{"1.020000", "1.020000"}},
+		{1.032, 1.120, false, [2]string{"1.032", "1.120"}},
+	} {
+		o, q := verdictFigures(tc.ours, tc.peer, tc.equal)
+		assert.Equal(t, tc.want, [2]string{o, q}, "%+v", tc)
 	}
 }
 

@@ -53,7 +53,7 @@ func (w *workloadFlags) register(cmd *cobra.Command, defaultOps int64) {
 	f := cmd.Flags()
 	f.StringVar(&w.backend, "backend", backendVMM, "allocator: "+strings.Join(allBackends, ", "))
 	f.IntVarP(&w.goroutines, "goroutines", "g", runtime.GOMAXPROCS(0), "goroutines allocating and freeing at once")
-	f.Int64Var(&w.ops, "ops", defaultOps, "operations (allocs and frees) in all; 0 with --duration: until the duration is over (with --duration and no --ops, 0)")
+	f.Int64Var(&w.ops, "ops", defaultOps, "operations (allocs and frees) in all, requests not made for want of --max-live room counted too; 0 with --duration: until the duration is over (with --duration and no --ops, 0)")
 	f.DurationVar(&w.duration, "duration", 0, "run for this long (with --ops, whichever ends first)")
 	f.StringVar(&w.sizes, "sizes", "log-uniform", "block sizes: log-uniform between --min-size and --max-size, or the size distribution of a trace (embedded name or file)")
 	w.minSize, w.maxSize = 256, 64<<20
@@ -354,7 +354,7 @@ func printRunSummary(w io.Writer, r *runResult) {
 		fmt.Fprintln(w, "  (allocs + out of memory + frees exceed ops by the blocks live at the end, freed after the last op)")
 	}
 	if r.OversizedRequests > 0 {
-		fmt.Fprintf(w, "  %d requests not made: larger than a goroutine's share of --max-live (not counted in ops)\n", r.OversizedRequests)
+		fmt.Fprintf(w, "  %d requests not made: larger than a goroutine's share of --max-live (counted in --ops, not in ops)\n", r.OversizedRequests)
 	}
 	fmt.Fprintf(w, "  verified (%s) %d blocks, %s read back\n", r.Verify, r.VerifiedBlocks, gib(r.VerifiedBytes))
 	ratio := 0.0

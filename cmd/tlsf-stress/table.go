@@ -196,15 +196,8 @@ func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.B
 		if best.Conf != "" {
 			who += " (--conf " + best.Conf + ")"
 		}
-		line := fmt.Sprintf("verdict %s: %s %s %.3f× live", name, who, metric, ours(best))
+		line := fmt.Sprintf("verdict %s: %s %s", name, who, metric)
 		if peerName != "" {
-			// Three decimals, or four where three would show a
-			// difference as a tie.
-			prec := 3
-			if fmt.Sprintf("%.3f", ours(best)) == fmt.Sprintf("%.3f", peerVal) {
-				prec = 4
-				line = fmt.Sprintf("verdict %s: %s %s %.4f× live", name, who, metric, ours(best))
-			}
 			// Peak reserved compares in bytes where the peer's are known
 			// (the peak live bytes are the same: baselineOf); else at
 			// baseline.json's precision, four decimals, so that a tie to
@@ -220,13 +213,35 @@ func verdicts(ds *devices, results []*replayResult, baselines map[string]trace.B
 			case a == b:
 				cmp = "equal"
 			}
-			line += fmt.Sprintf(" vs %.*f× for the best peer (%s, %s): %s", prec, peerVal, peerName, peerFrom, cmp)
+			o, q := verdictFigures(ours(best), peerVal, cmp == "equal")
+			line += fmt.Sprintf(" %s× live vs %s× for the best peer (%s, %s): %s", o, q, peerName, peerFrom, cmp)
 		} else {
-			line += " (no peer figure to compare)"
+			line += fmt.Sprintf(" %.3f× live (no peer figure to compare)", ours(best))
 		}
 		out = append(out, line)
 	}
 	return out
+}
+
+// verdictFigures formats our figure and the peer's as a verdict shows
+// them: three decimals where they show what the comparison found; else,
+// for equal figures, both at four, rounded (the comparison's precision:
+// baseline.json's), and for different ones at the fewest decimals, up to
+// six, that tell them apart.
+func verdictFigures(ours, peer float64, equal bool) (string, string) {
+	o, q := fmt.Sprintf("%.3f", ours), fmt.Sprintf("%.3f", peer)
+	switch {
+	case (o == q) == equal:
+		return o, q
+	case equal:
+		return fmt.Sprintf("%.4f", math.Round(ours*1e4)/1e4), fmt.Sprintf("%.4f", math.Round(peer*1e4)/1e4)
+	}
+	for prec := 4; prec <= 6; prec++ {
+		if o, q = fmt.Sprintf("%.*f", prec, ours), fmt.Sprintf("%.*f", prec, peer); o != q {
+			break
+		}
+	}
+	return o, q
 }
 
 // plural is n and word, with an s unless n is 1.
