@@ -105,16 +105,17 @@ func TestAFailedBackingKeepsTheSpares(t *testing.T) {
 
 // holesOnAFullDevice makes a pool of twelve 2 MiB blocks with one-page
 // handles, frees the blocks free names and trims (released pages under
-// free blocks, no spares), fills the device to one page, frees the
-// blocks after names (joining free blocks over the holes) and resets the
-// peaks.
-func holesOnAFullDevice(t *testing.T, free []int, after ...int) *pool.Pool {
+// free blocks, no spares), fills the device to one page from another
+// process, frees the blocks after names (joining free blocks over the
+// holes) and resets the peaks. It returns the pool, its device and a
+// function that gives the other process's memory back.
+func holesOnAFullDevice(t *testing.T, free []int, after ...int) (*pool.Pool, *sim.Device, func()) {
 	const mib = 1 << 20
 	sd := sim.New(sim.Config{Capacity: 32 * mib})
 	p, err := pool.New(sd, pool.Options{Backend: pool.BackendVMM, MaxBytes: 64 * mib,
 		Cache: pool.CacheOptions{Disable: true}, NoScavenger: true})
 	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, p.Close()) })
+	t.Cleanup(func() { _ = p.Close() })
 	var b [12]uintptr
 	for i := range b {
 		b[i], err = p.Alloc(2 * mib)
@@ -127,12 +128,13 @@ func holesOnAFullDevice(t *testing.T, free []int, after ...int) *pool.Pool {
 	require.NoError(t, err)
 	f, _, err := sd.MemGetInfo()
 	require.NoError(t, err)
-	require.NoError(t, sd.NewProcess().Occupy(f-2*mib))
+	other := sd.NewProcess()
+	require.NoError(t, other.Occupy(f-2*mib))
 	for _, i := range after {
 		require.NoError(t, p.Free(b[i]))
 	}
 	p.ResetPeaks()
-	return p
+	return p, sd, func() { other.Vacate(f - 2*mib) }
 }
 
 // A backing that fails after an earlier run of it created a handle (no
@@ -149,7 +151,7 @@ func TestAFailedBackingKeepsNoHandleItCreated(t *testing.T) {
 		{"its own run refused", []int{6, 7}, []int{8}, 6 << 20},         // page 6 created, page 7 refused
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := holesOnAFullDevice(t, tc.free, tc.after...)
+			p, _, _ := holesOnAFullDevice(t, tc.free, tc.after...)
 			before := p.Stats()
 			_, err := p.Alloc(tc.size)
 			require.ErrorIs(t, err, pool.ErrOutOfMemory)
@@ -169,32 +171,13 @@ func TestAFailedBackingKeepsNoHandleItCreated(t *testing.T) {
 // unmapped.
 func TestARollbackLeavingAStrayKeepsItAHole(t *testing.T) {
 	const mib = 1 << 20
-	sd := sim.New(sim.Config{Capacity: 32 * mib})
-	p, err := pool.New(sd, pool.Options{Backend: pool.BackendVMM, MaxBytes: 64 * mib,
-		Cache: pool.CacheOptions{Disable: true}, NoScavenger: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Close() })
-	var b [12]uintptr
-	for i := range b {
-		b[i], err = p.Alloc(2 * mib)
-		require.NoError(t, err)
-	}
-	for _, i := range []int{6, 8, 10} {
-		require.NoError(t, p.Free(b[i]))
-	}
-	_, err = p.Trim()
-	require.NoError(t, err)
-	f, _, err := sd.MemGetInfo()
-	require.NoError(t, err)
-	other := sd.NewProcess()
-	require.NoError(t, other.Occupy(f-2*mib)) // one page free
-	require.NoError(t, p.Free(b[7]))
-	require.NoError(t, p.Free(b[9]))        // a free block over pages 6 to 10, holes at 6, 8, 10
+	// A free block over pages 6 to 10, holes at 6, 8, 10.
+	p, sd, vacate := holesOnAFullDevice(t, []int{6, 8, 10}, 7, 9)
 	sd.FailNth(device.CallMemUnmap, 1, nil) // page 6 created, page 8 refused; the undo of 6 fails
-	_, err = p.Alloc(10 * mib)
+	_, err := p.Alloc(10 * mib)
 	require.ErrorIs(t, err, pool.ErrOutOfMemory)
 	require.NoError(t, p.Check())
-	other.Vacate(f - 2*mib)
+	vacate()
 	for i := range 16 {
 		a, err := p.Alloc(2 * mib)
 		if err != nil {
