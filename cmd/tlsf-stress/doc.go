@@ -108,7 +108,7 @@
 // in between): the first replay warms the allocator (cold_ns_per_op),
 // more replays run untimed until the process has spent 1 s in such
 // replays (replay.WarmUpTime: in practice, those of its first trace), and
-// --warm-runs more (default 10) are timed; ns_per_op is their median, the
+// --warm-runs more (default 10, at most 1000) are timed; ns_per_op is their median, the
 // warm cost per alloc or free, as are the peers' figures (trace.Baselines, measured on an H200)
 // that the table prints beside ours. Blocks a trace leaves live are freed
 // after each replay. Trace streams other than 0 map to streams created
@@ -256,7 +256,9 @@
 // pool.Options.MaxFraction F (default 1/K), each running run's workload
 // with a live target of X (default 1.5) times total/K, so that together
 // they oversubscribe the device and meet out-of-memory errors, which must
-// be clean: no corruption, no lost blocks, no crash. On a GPU the command
+// be clean: no corruption, no lost blocks, no crash. K is at most what
+// leaves half the device beside the K CUDA contexts (about 130 on an
+// H200). On a GPU the command
 // re-executes itself K times (hidden subcommand multi-child); each child
 // prints its outcome as one JSON line, run's object plus proc, pid,
 // max_fraction, exit_status, total_bytes, share (peak reserved over total

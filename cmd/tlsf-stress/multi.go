@@ -293,6 +293,29 @@ func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts,
 	return res
 }
 
+// contextsFit refuses --procs K where K CUDA contexts would hold more
+// than half the device's total bytes, leaving each process's pool less
+// than its context: every process would then fail nearly every request.
+// A context's bytes are the parent's own, total − free of dev when multi
+// starts (a simulated process's sim.Device.ContextBytes), at most
+// total/256 as the pool bounds them (pool.Options.MaxFraction), at least
+// 1 MiB; on an H200 the bound is about 130 processes.
+func contextsFit(dev device.Device, total uint64, procs int) error {
+	free, _, err := dev.MemGetInfo()
+	if err != nil {
+		return err
+	}
+	ctx := uint64(0)
+	if free < total {
+		ctx = total - free
+	}
+	ctx = min(max(ctx, 1<<20), total/256)
+	if most := total / 2 / max(ctx, 1); uint64(procs) > most {
+		return usagef("--procs %d: %d CUDA contexts of about %s would hold more than half of the device's %s; want at most %d", procs, procs, capacityName(ctx), gib(total), most)
+	}
+	return nil
+}
+
 func runMulti(cmd *cobra.Command, g *globalFlags, o *multiOpts) error {
 	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
 	ds, err := openDevices(g, true)
@@ -313,6 +336,11 @@ func runMulti(cmd *cobra.Command, g *globalFlags, o *multiOpts) error {
 	base, release := ds.get()
 	total, err := deviceTotal(base)
 	if err != nil {
+		release()
+		ds.close()
+		return err
+	}
+	if err := contextsFit(base, total, o.procs); err != nil {
 		release()
 		ds.close()
 		return err

@@ -89,8 +89,8 @@ python3 -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.`,
 			if o.backends, err = parseBackends(backends); err != nil {
 				return err
 			}
-			if o.warmRuns < 1 {
-				return usagef("--warm-runs %d: want 1 or more", o.warmRuns)
+			if o.warmRuns < 1 || o.warmRuns > maxWarmRuns {
+				return usagef("--warm-runs %d: want 1 to %d", o.warmRuns, maxWarmRuns)
 			}
 			if o.plot != "" {
 				if ext := strings.ToLower(filepath.Ext(o.plot)); ext != ".svg" && ext != ".png" {
@@ -118,7 +118,7 @@ python3 -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.`,
 	f.Var(&o.cap, "cap", "cap on device memory: bytes (suffixes KiB..TiB; 0: none), or a fraction of total memory such as 0.5")
 	f.BoolVar(&o.minCap, "min-cap", false, "find by bisection the smallest cap under which the trace replays with no failed allocation")
 	f.BoolVar(&o.json, "json", false, "print one JSON object per trace and backend (schema in the package doc) instead of a table")
-	f.IntVar(&o.warmRuns, "warm-runs", replay.MinWarmRuns, "warm replays timed per trace and backend; ns/op is their median")
+	f.IntVar(&o.warmRuns, "warm-runs", replay.MinWarmRuns, "warm replays timed per trace and backend (1 to 1000); ns/op is their median")
 	f.StringVar(&o.plot, "plot", "", "write live and reserved bytes over the first replay to `FILE` (.svg or .png; with several traces, FILE-TRACE.ext)")
 	f.StringVar(&o.snapshot, "snapshot", "", "replay each trace once more with the first pool backend, recording its history, and write a PyTorch memory snapshot (the pickle of torch.cuda.memory._snapshot(), for pytorch.org/memory_viz) to `FILE` (with several traces, FILE-TRACE.ext)")
 	return cmd
@@ -304,6 +304,11 @@ func runReplay(cmd *cobra.Command, g *globalFlags, o *replayOpts, args []string)
 	}
 	return nil
 }
+
+// maxWarmRuns bounds --warm-runs: an interrupt stops replay between
+// traces, not within a trace's warm replays, and 1,000 replays of the
+// longest embedded trace take minutes, not days.
+const maxWarmRuns = 1000
 
 // replayTraceBackend replays t with backend be: once cold (sampled for
 // --plot), untimed until the process is warm (replay.WarmUp), then
