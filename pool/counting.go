@@ -119,9 +119,13 @@ type counted struct {
 	// every piece of device memory the heap takes and returns.
 	heaps *memWatch
 	// lastFree is the device's free memory in bytes as the last
-	// successful cuMemGetInfo reported it, valid once lastFreeOK.
-	lastFree   atomic.Uint64
-	lastFreeOK atomic.Bool
+	// successful cuMemGetInfo under the pool's lock reported it, and
+	// lastReserved the pool's reserved bytes then (reservedNow, which
+	// reads the pool's state under its lock), valid once lastFreeOK.
+	lastFree     atomic.Uint64
+	lastReserved atomic.Uint64
+	lastFreeOK   atomic.Bool
+	reservedNow  func() uint64
 }
 
 // count counts one call of kind k, for the current path.
@@ -149,9 +153,10 @@ func (c *counted) switchTo(path Path) { c.path.Store(int32(path)) }
 func (c *counted) leave(prev Path) { c.path.Store(int32(prev)) }
 
 // seenFree returns the device's free memory as the pool's last
-// cuMemGetInfo reported it, and whether it made one; no driver call.
-func (c *counted) seenFree() (uint64, bool) {
-	return c.lastFree.Load(), c.lastFreeOK.Load()
+// cuMemGetInfo under its lock reported it, with the pool's reserved bytes
+// then, and whether it made one; no driver call.
+func (c *counted) seenFree() (seenFree, bool) {
+	return seenFree{free: c.lastFree.Load(), reserved: c.lastReserved.Load(), ok: true}, c.lastFreeOK.Load()
 }
 
 // counts returns the calls by kind.
@@ -175,10 +180,12 @@ func (c *counted) snapshot() (device.Counts, PathCounts) {
 	return kinds, paths
 }
 
-// unlockedMemGetInfo is MemGetInfo for a caller without the pool's lock.
+// unlockedMemGetInfo is MemGetInfo for a caller without the pool's lock;
+// its answer is not kept for seenFree (the pool's reserved bytes cannot
+// be read with it).
 func (c *counted) unlockedMemGetInfo() (free, total uint64, err error) {
 	c.byPath[PathOther][device.CallMemGetInfo].Add(1)
-	return c.memGetInfo()
+	return c.Device.MemGetInfo()
 }
 
 // unlockedStreamSynchronize is StreamSynchronize for a caller without the
@@ -194,10 +201,14 @@ func (c *counted) MemGetInfo() (uint64, uint64, error) {
 }
 
 // memGetInfo is cuMemGetInfo, its answer kept for seenFree; not counted.
+// Pool lock held.
 func (c *counted) memGetInfo() (uint64, uint64, error) {
 	free, total, err := c.Device.MemGetInfo()
 	if err == nil {
 		c.lastFree.Store(free)
+		if c.reservedNow != nil {
+			c.lastReserved.Store(c.reservedNow())
+		}
 		c.lastFreeOK.Store(true)
 	}
 	return free, total, err

@@ -108,12 +108,11 @@ func (p *Pool) runOOMHook(size uint64) error {
 // its cap that then served 120 MiB at once.) A passthrough pool asks the
 // driver: its failures are the driver's own. Pool lock held.
 func (p *Pool) oomError(size uint64, cause error) error {
-	free, total := p.seen.free, p.total
+	free, total := p.seen.now(p.reserved()), p.total
 	when := ""
 	if !p.seen.ok { // no growth attempt read it during this request
-		var ok bool
-		if free, ok = p.dev.seenFree(); ok && p.pt == nil {
-			when = " at the pool's last look"
+		if seen, ok := p.dev.seenFree(); ok && p.pt == nil {
+			free, when = seen.now(p.reserved()), " at the pool's last look, with what the pool mapped or released since"
 		} else {
 			free, total, _ = p.dev.MemGetInfo()
 		}

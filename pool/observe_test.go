@@ -343,3 +343,32 @@ func TestLoggerReceivesGrowthReleaseTrimAndOutOfMemory(t *testing.T) {
 	}
 	require.Equal(t, 1, strings.Count(out, "out of memory"))
 }
+
+// A request larger than the device fails without a look at the device
+// (hopeless): its message used to give the free memory of the pool's last
+// look, before the growth that mapped 100 GiB, as free now, and a largest
+// block the device no longer had. The figures now count what the pool
+// mapped since the look.
+func TestOutOfMemoryMessageCountsWhatThePoolMappedSinceItsLook(t *testing.T) {
+	for _, be := range []Backend{BackendVMM, BackendChunks} {
+		t.Run(be.String(), func(t *testing.T) {
+			d := onSim(sim.New(sim.Config{Capacity: 16 * giB}))
+			p := openPool(t, d, Options{Backend: be, NoScavenger: true})
+			a, err := p.Alloc(10 * giB)
+			require.NoError(t, err)
+			_, err = p.Alloc(20 * giB)
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			msg := err.Error()
+			free, _, err := d.MemGetInfo()
+			require.NoError(t, err)
+			require.Contains(t, msg, "device free "+sizeString(free), msg)
+			largest := regexp.MustCompile(`largest block that could be allocated ([0-9.]+) GiB`).FindStringSubmatch(msg)
+			require.NotNil(t, largest, msg)
+			gb, err := strconv.ParseFloat(largest[1], 64)
+			require.NoError(t, err)
+			assert.LessOrEqual(t, gb*float64(giB), float64(free+p.Stats().Reserved-p.Stats().Allocated)+float64(giB)/100, msg)
+			require.NoError(t, p.Free(a))
+			checkStep(t, p, d)
+		})
+	}
+}

@@ -74,9 +74,10 @@ type Options struct {
 	InitialFraction float64
 	// GrowFraction: each growth takes max(request, GrowFraction × free),
 	// rounded up to the allocation granularity, within the cap. Default
-	// 1/4096: about 34 MiB on an empty H200, small enough that reserved
-	// memory tracks live memory within a few percent, large enough that a
-	// growth (several driver calls per granule) is rare.
+	// 1/4096: 36 MiB on an empty H200 (35 MiB rounded up to 2 MiB pages),
+	// small enough that reserved memory tracks live memory within a few
+	// percent, large enough that a growth (several driver calls per
+	// granule) is rare.
 	GrowFraction float64
 	// MaxFraction caps reserved memory at MaxFraction × the device's
 	// total memory (cuMemGetInfo at New) less what that share leaves for

@@ -188,6 +188,12 @@ func newPool(dev device.Device, opts Options) (*Pool, error) {
 		return nil, fmt.Errorf("%w: nil device", ErrBadOptions)
 	}
 	p := &Pool{dev: &counted{Device: dev}, opts: o, backend: o.Backend}
+	p.dev.reservedNow = func() uint64 {
+		if p.pt == nil && p.heap == nil {
+			return 0 // New, before the heap
+		}
+		return p.reserved()
+	}
 	p.dev.switchTo(PathSetup)
 	defer p.dev.leave(PathOther)
 	p.ss = newStreamSet(p.dev)
@@ -924,7 +930,7 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	if err != nil {
 		return tlsf.Block{}, err
 	}
-	p.seen = seenFree{free: free, ok: true}
+	p.seen = seenFree{free: free, reserved: p.reserved(), ok: true}
 	want := roundUp(max(need, uint64(p.opts.GrowFraction*float64(free))), g)
 	if more <= free {
 		// What the growth maps beyond need leaves the device's memory

@@ -65,10 +65,24 @@ const oomMemoSkips = 64
 
 // seenFree is the device's free memory in bytes as the current request's
 // last growth attempt read it (cuMemGetInfo), so that its out-of-memory
-// error can report it without another driver call.
+// error can report it without another driver call, and the pool's
+// reserved bytes then: what the pool mapped or released since moves the
+// figure the error gives (seenFree.now).
 type seenFree struct {
-	free uint64
-	ok   bool
+	free     uint64
+	reserved uint64
+	ok       bool
+}
+
+// now returns the device's free memory as of the look, less what the
+// pool, holding reserved bytes now, mapped since (plus what it
+// released): the look's figure with the pool's own changes since, other
+// processes' unknown.
+func (s seenFree) now(reserved uint64) uint64 {
+	if reserved >= s.reserved {
+		return s.free - min(s.free, reserved-s.reserved)
+	}
+	return s.free + (s.reserved - reserved)
 }
 
 // oomMemo is the last request the out-of-memory path failed.
@@ -478,7 +492,7 @@ func (p *Pool) fullFor(size, need uint64) bool {
 	if err != nil {
 		return false // the mapping's cuMemCreate decides
 	}
-	p.seen = seenFree{free: free, ok: true} // this request's look, for its error
+	p.seen = seenFree{free: free, reserved: p.reserved(), ok: true} // this request's look, for its error
 	return !p.looked(free >= add, add, within)
 }
 

@@ -25,7 +25,7 @@ import (
 // to a 2 MiB handle, 38 µs for 20 MiB, 47 µs for 128 MiB), and batching
 // cuMemSetAccess over a range of mappings buys nothing. So a growth maps
 // its memory as one handle (up to maxHandlePages pages): a pool that grows
-// by 34 MiB at a time pays for one handle, not 17. The price is release
+// by 36 MiB at a time pays for one handle, not 18. The price is release
 // granularity: cuMemUnmap must cover whole mappings, so a handle is
 // released only when all of its pages lie under free blocks; and a handle
 // maps whole, so it moves whole: the H200's driver (580, CUDA 13) refuses

@@ -199,6 +199,10 @@ type asyncAlloc struct {
 	n      [device.NumCalls]atomic.Uint64
 }
 
+// asyncGranularity is the page of the driver's pool and of the filler that
+// leaves a cap beside it, in bytes.
+const asyncGranularity = 2 << 20
+
 // asyncSettle bounds how long close waits for the device's free memory to
 // come back after the trim (asyncAlloc.close).
 const asyncSettle = 2 * time.Second
@@ -207,6 +211,11 @@ func newAsyncAlloc(d device.Device, o allocOptions) (*asyncAlloc, error) {
 	aa, ok := d.(device.AsyncAllocator)
 	if !ok {
 		return nil, fmt.Errorf("%s: %T has no stream-ordered allocator: %w", backendAsync, d, device.ErrNotSupported)
+	}
+	if o.capBytes > 0 && o.capBytes < asyncGranularity {
+		// As pool.New refuses MaxBytes below a page: the driver's pool
+		// maps whole 2 MiB pages, so every request would fail.
+		return nil, fmt.Errorf("%s: a cap of %d bytes is below the driver pool's allocation granularity of %d bytes: no allocation could ever succeed", backendAsync, o.capBytes, asyncGranularity)
 	}
 	a := &asyncAlloc{dev: d, a: aa}
 	// Start from an empty pool: what earlier runs left is returned.
@@ -234,8 +243,7 @@ func newAsyncAlloc(d device.Device, o allocOptions) (*asyncAlloc, error) {
 		if err != nil {
 			return nil, err
 		}
-		const g = 2 << 20
-		if fill := (free - min(free, o.capBytes)) / g * g; fill > 0 {
+		if fill := (free - min(free, o.capBytes)) / asyncGranularity * asyncGranularity; fill > 0 {
 			if a.filler, err = d.MemAlloc(fill); err != nil {
 				return nil, fmt.Errorf("%s: occupying %d bytes to leave a cap of %d: %w", backendAsync, fill, o.capBytes, err)
 			}

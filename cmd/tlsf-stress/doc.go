@@ -18,7 +18,8 @@
 // --sim-real-time (the simulated GPU's driver calls take their modelled
 // H200 durations in real time, outside its lock, so that multi's
 // simulated processes interleave as on a GPU: sim.Config.RealTime; runs
-// take longer), and --conf KEY:VALUE,... (options of every pool
+// take longer); either of the two chooses the simulated device where
+// --device is left out, and --device cuda refuses them), and --conf KEY:VALUE,... (options of every pool
 // backend, in the syntax of TLSF_ALLOC_CONF and pool.ParseConf, such as
 // release_fraction:0.05 or wilderness:true, the keys capi/tlsf.h lists
 // for tlsf_configure; backend and passthrough are --backend's, device and
@@ -98,7 +99,8 @@
 // A TRACE is a file, told apart by content (package trace): this
 // project's text format, a PyTorch memory snapshot pickle, or an RMM
 // logging_resource_adaptor CSV log, each plain or gzip; or the name of an
-// embedded trace (lstm, resnet50, tdnn). No TRACE means all embedded
+// embedded trace (lstm, resnet50, tdnn), which wins over a file of that
+// name in the working directory (./lstm reads the file). No TRACE means all embedded
 // traces. A malformed file is an error naming the file and the line (or
 // byte offset, or pickle element).
 //
@@ -189,11 +191,12 @@
 // [--verify full|sampled|none] [--stream default|per-goroutine]
 // [--cap C] [--max-live C] [--slots N] [--seed N] [--json]
 //
-// N goroutines (default GOMAXPROCS) allocate and free blocks at random
+// N goroutines (default GOMAXPROCS, at most 4096) allocate and free blocks at random
 // for --ops operations (default 100000) or --duration, sizes drawn from a
 // trace's size distribution (--sizes NAME|FILE) or log-uniform between
 // --min-size and --max-size (default 256 B to 64 MiB), at most --slots
-// live blocks per goroutine and --max-live bytes in all (default a
+// live blocks per goroutine (default 64, at most 2^20, and 2^24 over all
+// goroutines) and --max-live bytes in all (default a
 // quarter of the device). Every block is filled on the device with a
 // 32-bit pattern of its own (cuMemsetD32Async on the default stream or a
 // stream per goroutine) and read back before it is freed (cuMemcpyDtoH of

@@ -199,9 +199,9 @@ trace: our best pool backend against the best peer. It is 'replay --min-cap'.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.device, "device", "", "cuda or sim (default: cuda where a CUDA driver and GPU are found, else sim)")
-	pf.Var(&g.simCapacity, "sim-capacity", "memory of the simulated GPU in bytes (suffixes KiB, MiB, GiB, TiB or K, M, G, T; KB, MB, GB, TB decimal) (default: an H200's 143771 MiB)")
+	pf.Var(&g.simCapacity, "sim-capacity", "memory of the simulated GPU in bytes (suffixes KiB, MiB, GiB, TiB or K, M, G, T; KB, MB, GB, TB decimal) (default: an H200's 143771 MiB); chooses --device sim")
 	pf.StringVar(&g.conf, "conf", "", "options of every pool backend, as TLSF_ALLOC_CONF gives them to the C ABI (e.g. release_fraction:0.05,wilderness:true; the keys capi/tlsf.h lists but backend, passthrough, device, sim_capacity, max_bytes and max_fraction, which other flags set)")
-	pf.BoolVar(&g.simRealTime, "sim-real-time", false, "the simulated GPU's driver calls take their modelled H200 durations in real time, so that processes sharing it interleave as on a GPU")
+	pf.BoolVar(&g.simRealTime, "sim-real-time", false, "the simulated GPU's driver calls take their modelled H200 durations in real time, so that processes sharing it interleave as on a GPU; chooses --device sim")
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
 		var err error
 		g.conf = strings.TrimSpace(g.conf)
@@ -219,9 +219,18 @@ trace: our best pool backend against the best peer. It is 'replay --min-cap'.`,
 		}
 		switch g.device {
 		case "", deviceCUDA, deviceSim:
-			return nil
+		default:
+			return usagef("--device %q: want cuda or sim", g.device)
 		}
-		return usagef("--device %q: want cuda or sim", g.device)
+		// The simulated GPU's flags choose it: on a machine with a GPU,
+		// --device left out would otherwise measure the GPU and drop them.
+		if f := cmd.Flags(); f.Changed("sim-capacity") || f.Changed("sim-real-time") {
+			if g.device == deviceCUDA {
+				return usagef("--sim-capacity and --sim-real-time describe the simulated GPU: not with --device cuda")
+			}
+			g.device = deviceSim
+		}
+		return nil
 	}
 	root.AddCommand(newReplayCmd(g), newRunCmd(g), newMultiCmd(g), newMultiChildCmd(g), newExportCmd(), newSanitizeCmd(g))
 	root.CompletionOptions.DisableDefaultCmd = true

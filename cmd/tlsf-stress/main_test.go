@@ -75,9 +75,15 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"run bad stream", []string{"run", "--device", "sim", "--stream", "many"}, "--stream"},
 		{"run ops 0 without duration", []string{"run", "--device", "sim", "--ops", "0"}, "--duration"},
 		{"run goroutines 0", []string{"run", "--device", "sim", "-g", "0"}, "--goroutines"},
+		{"run slots huge", []string{"run", "--device", "sim", "--slots", "2000000000"}, "--slots"},
+		{"run slots times goroutines", []string{"run", "--device", "sim", "--slots", "1000000", "-g", "100"}, "in all"},
+		{"run goroutines huge", []string{"run", "--device", "sim", "-g", "100000"}, "--goroutines"},
+		{"multi slots huge", []string{"multi", "--device", "sim", "--slots", "2000000000"}, "--slots"},
 		{"run min above max", []string{"run", "--device", "sim", "--min-size", "1MiB", "--max-size", "1KiB"}, "--min-size"},
 		{"run ops not a number", []string{"run", "--device", "sim", "--ops", "many"}, "invalid argument"},
 		{"multi procs 0", []string{"multi", "--device", "sim", "--procs", "0"}, "--procs"},
+		{"sim capacity on the GPU", []string{"run", "--device", "cuda", "--sim-capacity", "4GiB"}, "not with --device cuda"},
+		{"sim real time on the GPU", []string{"replay", "--device", "cuda", "--sim-real-time", "lstm"}, "not with --device cuda"},
 		{"multi procs beyond the contexts", []string{"multi", "--device", "sim", "--procs", "1000"}, "CUDA contexts"},
 		{"replay warm-runs 0", []string{"replay", "--device", "sim", "--warm-runs", "0", "lstm"}, "--warm-runs"},
 		{"replay warm-runs huge", []string{"replay", "--device", "sim", "--warm-runs", "1000000", "lstm"}, "--warm-runs"},
@@ -519,6 +525,35 @@ func TestPeersOnlyForTheEmbeddedTrace(t *testing.T) {
 	assert.Contains(t, verdicts[0], "(no peer figure to compare)", "the file")
 	assert.Contains(t, verdicts[1], "for the best peer", "the embedded trace")
 	assert.Equal(t, 1, strings.Count(out, "peer torch+expandable"), "the peers' rows once, under the embedded trace")
+}
+
+// A bare embedded name replays the embedded trace whatever the working
+// directory holds; ./NAME reads a file of that name. Before, a file named
+// lstm in the directory replaced the embedded trace without a word.
+func TestAnEmbeddedNameWinsOverAFileOfThatName(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "lstm"), []byte("a 0 1000 0\nf 0\n"), 0o644))
+	t.Chdir(dir)
+	for _, tc := range []struct {
+		arg string
+		ops float64
+	}{{"lstm", 3278}, {"./lstm", 2}} {
+		out, errs, status := cli(t, "replay", "--device", "sim", "--warm-runs", "1", "--backend", "tlsf-vmm", "--json", tc.arg)
+		require.Equal(t, exitOK, status, errs)
+		rows := jsonLines(t, out)
+		require.Len(t, rows, 1, out)
+		ops, err := rows[0]["ops"].(json.Number).Float64()
+		require.NoError(t, err)
+		assert.Equal(t, tc.ops, ops, tc.arg)
+	}
+}
+
+// The driver's pool maps whole 2 MiB pages: a cap below one would fail
+// every request, so it is refused, as pool.New refuses such a MaxBytes.
+func TestAsyncRefusesACapBelowAPage(t *testing.T) {
+	out, errs, status := cli(t, "run", "--device", "sim", "--backend", "async", "--cap", "1MiB", "--ops", "10")
+	assert.Equal(t, exitFailed, status, "stdout %s\nstderr %s", out, errs)
+	assert.Contains(t, errs, "allocation granularity")
 }
 
 // A trace with no operations (comments only) is refused: its figures

@@ -298,8 +298,9 @@ func runChild(ctx context.Context, ds *devices, dev device.Device, o *childOpts,
 // than its context: every process would then fail nearly every request.
 // A context's bytes are the parent's own, total − free of dev when multi
 // starts (a simulated process's sim.Device.ContextBytes), at most
-// total/256 as the pool bounds them (pool.Options.MaxFraction), at least
-// 1 MiB; on an H200 the bound is about 130 processes.
+// total/256 as the pool bounds them (pool.Options.MaxFraction), and at
+// least 1 MiB or total/256, whichever is less (a simulated device may
+// model no context); on an H200 the bound is about 130 processes.
 func contextsFit(dev device.Device, total uint64, procs int) error {
 	free, _, err := dev.MemGetInfo()
 	if err != nil {

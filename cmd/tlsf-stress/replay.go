@@ -56,7 +56,8 @@ warm replay cost per alloc or free, as the peers' figures are. Trace IDs are com
 
 A TRACE is a file (this project's text format, a PyTorch memory snapshot
 pickle, or an RMM logging_resource_adaptor CSV log, plain or gzip, told apart
-by content) or the name of an embedded trace: ` + strings.Join(trace.Names(), ", ") + `.
+by content) or the name of an embedded trace: ` + strings.Join(trace.Names(), ", ") + `
+(the embedded trace wins over a file of that name, which ./NAME reads).
 Without TRACE, every embedded trace is replayed. The text format, one record a
 line:
 
@@ -173,9 +174,14 @@ type sample struct {
 	Live, Reserved uint64
 }
 
-// loadTrace reads a trace argument: an existing file, else an embedded
-// trace's name.
+// loadTrace reads a trace argument: an embedded trace's name, else a
+// file. An embedded name wins over a file of that name in the working
+// directory, which ./NAME reads: which trace a bare name replays does not
+// depend on the directory it is typed in.
 func loadTrace(arg string) (*trace.Trace, error) {
+	if slices.Contains(trace.Names(), arg) {
+		return trace.Load(arg)
+	}
 	if _, err := os.Stat(arg); err == nil {
 		t, err := trace.ParseFile(arg)
 		if err == nil && len(t.Ops) == 0 {
@@ -184,9 +190,6 @@ func loadTrace(arg string) (*trace.Trace, error) {
 			return nil, fmt.Errorf("%s: the trace has no operations", arg)
 		}
 		return t, err
-	}
-	if slices.Contains(trace.Names(), arg) {
-		return trace.Load(arg)
 	}
 	_, err := os.Stat(arg)
 	if errors.Is(err, fs.ErrNotExist) {

@@ -52,14 +52,14 @@ type workloadFlags struct {
 func (w *workloadFlags) register(cmd *cobra.Command, defaultOps int64) {
 	f := cmd.Flags()
 	f.StringVar(&w.backend, "backend", backendVMM, "allocator: "+strings.Join(allBackends, ", "))
-	f.IntVarP(&w.goroutines, "goroutines", "g", runtime.GOMAXPROCS(0), "goroutines allocating and freeing at once")
+	f.IntVarP(&w.goroutines, "goroutines", "g", runtime.GOMAXPROCS(0), "goroutines allocating and freeing at once (1 to 4096)")
 	f.Int64Var(&w.ops, "ops", defaultOps, "operations (allocs and frees) in all, requests not made for want of --max-live room counted too; 0 with --duration: until the duration is over (with --duration and no --ops, 0)")
 	f.DurationVar(&w.duration, "duration", 0, "run for this long (with --ops, whichever ends first)")
 	f.StringVar(&w.sizes, "sizes", "log-uniform", "block sizes: log-uniform between --min-size and --max-size, or the size distribution of a trace (embedded name or file)")
 	w.minSize, w.maxSize = 256, 64<<20
 	f.Var(&w.minSize, "min-size", "smallest log-uniform block size, bytes")
 	f.Var(&w.maxSize, "max-size", "largest log-uniform block size, bytes")
-	f.IntVar(&w.slots, "slots", 64, "live blocks per goroutine, at most")
+	f.IntVar(&w.slots, "slots", 64, "live blocks per goroutine, at most (1 to 1048576; 16777216 over all goroutines)")
 	w.maxLive = capFlag{fraction: 0.25}
 	f.Var(&w.maxLive, "max-live", "bound on live bytes over all goroutines: bytes, or a fraction of total memory (0: none)")
 	f.StringVar(&w.verify, "verify", verifySampled, "read blocks back before freeing them: full, sampled (first, middle and last 4 KiB) or none")
@@ -72,6 +72,16 @@ func (w *workloadFlags) register(cmd *cobra.Command, defaultOps int64) {
 // validate checks the flags that cannot be checked while parsing. A
 // --duration without --ops runs for the duration (--ops 0): before, the
 // default --ops ended it first.
+// Bounds of the workload's flags: each goroutine holds a table of --slots
+// entries (16 bytes each) and a stack, so that the largest workload takes
+// about 256 MiB of host memory for its tables rather than failing in the
+// Go runtime.
+const (
+	maxGoroutines = 4096
+	maxSlots      = 1 << 20
+	maxSlotsInAll = 1 << 24
+)
+
 func (w *workloadFlags) validate(cmd *cobra.Command) error {
 	if f := cmd.Flags(); f.Changed("duration") && !f.Changed("ops") && w.duration > 0 {
 		w.ops = 0
@@ -81,8 +91,8 @@ func (w *workloadFlags) validate(cmd *cobra.Command) error {
 	}
 	w.backend = effectiveBackend(w.backend)
 	switch {
-	case w.goroutines < 1:
-		return usagef("--goroutines %d: want at least 1", w.goroutines)
+	case w.goroutines < 1 || w.goroutines > maxGoroutines:
+		return usagef("--goroutines %d: want 1 to %d", w.goroutines, maxGoroutines)
 	case w.ops < 0:
 		return usagef("--ops %d: want 0 or more", w.ops)
 	case w.duration < 0:
@@ -91,8 +101,10 @@ func (w *workloadFlags) validate(cmd *cobra.Command) error {
 		return usagef("--progress-interval %v: want 0 (none) or more", w.progressInt)
 	case w.ops == 0 && w.duration <= 0:
 		return usagef("--ops 0 needs a --duration")
-	case w.slots < 1:
-		return usagef("--slots %d: want at least 1", w.slots)
+	case w.slots < 1 || w.slots > maxSlots:
+		return usagef("--slots %d: want 1 to %d", w.slots, maxSlots)
+	case w.slots*w.goroutines > maxSlotsInAll:
+		return usagef("--slots %d × --goroutines %d: want at most %d live blocks in all", w.slots, w.goroutines, maxSlotsInAll)
 	case w.minSize < 1 || w.maxSize < w.minSize:
 		return usagef("--min-size %d, --max-size %d: want 1 ≤ min ≤ max", w.minSize, w.maxSize)
 	case !slices.Contains([]string{verifyFull, verifySampled, verifyNone}, w.verify):
