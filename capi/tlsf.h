@@ -270,10 +270,12 @@ int tlsf_get_stats(int device, tlsf_stats* out);
 int tlsf_get_device_calls(int device, int path, const char* call, uint64_t* out);
 
 /*
- * tlsf_trim: returns all unused memory of the pool of `device` to the
- * driver (empties the caches, waits for the work of pending stream-ordered
- * frees, unmaps pages or frees chunks lying wholly under free blocks) and
- * returns the bytes released. A device with no pool returns 0. Failure: 0
+ * tlsf_trim: returns unused memory of the pool of `device` to the driver
+ * (empties the caches, waits for the work of pending stream-ordered frees,
+ * releases the physical allocations, VMM handles or chunks, lying wholly
+ * under free blocks; one a live block touches stays whole, up to 128 MiB
+ * in a pool with no cap: the Go package's Pool.Trim) and returns the
+ * bytes released. A device with no pool returns 0. Failure: 0
  * and a message (bad ordinal, driver error); what was released before the
  * error stays released.
  */

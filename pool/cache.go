@@ -556,6 +556,8 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 		return 0, ErrClosed
 	}
 	p.full.reqs++
+	p.asked = size // for the hook and the error, which see the class size r
+	defer func() { p.asked = 0 }()
 	pid := procPin()
 	procUnpin()
 	class, r := c.classes.SizeClass(size)
@@ -585,8 +587,7 @@ func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 			return 0, err
 		}
 		if reused { // it was pending on the default stream
-			p.c.pending -= b.Size
-			p.c.pendingBlocks--
+			p.unpend(b)
 			p.c.active -= b.Size
 		}
 		// The batch's scratch space only now: the allocation may have run
@@ -981,6 +982,7 @@ func (c *cacheSet) giveBack(addr uint64, keep bool) error {
 	c.sysBytes -= b.Size
 	c.sysBlocks--
 	p.setState(b, 0)
+	p.setRed(b.ID, 0) // a cached block has no red zone of its own, whatever it had live
 	err = p.releaseFreed(b, 0)
 	if err == nil || !keep {
 		return err

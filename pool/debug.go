@@ -55,10 +55,15 @@ type debugLayer struct {
 	// the former: Pool.blockSize), summed.
 	extra uint64
 	// user is the bytes of live blocks at the block size of their request
-	// (pitch × height for pitch allocations); userPeak its peak.
+	// (for pitch allocations, of pitch × height, as Stats.Allocated
+	// counts them); userPeak its peak.
 	user, userPeak uint64
 	// blocks is the live blocks the layer knows; blocksPeak its peak.
 	blocks, blocksPeak int64
+	// activePeak is the peak of Active without red zones (live blocks'
+	// extra, pending blocks' Pool.c.redPending), raised at each
+	// allocation through the layer (noteActive): Active rises only there.
+	activePeak uint64
 	// undone counts the allocations alloc took back (undo), by size
 	// bucket in undoneBySize: each was an allocation and a free of the
 	// pool's that the caller never saw.
@@ -138,28 +143,60 @@ func (d *debugLayer) alloc(size uint64, s device.Stream) (uintptr, error) {
 	if err != nil {
 		return 0, err
 	}
-	if d.guard > 0 {
-		if err := d.lockedGuard(func() error { return d.guardFill(ptr, size, s) }); err != nil {
-			if !errors.Is(err, ErrClosed) {
-				d.undo(ptr, size+d.guard, s)
-			}
-			return 0, err
-		}
-	}
-	if d.watch != nil {
-		d.watch.region(ptr, size)
-	}
 	b := debugBlock{size: size, stream: s}
 	b.user = p.blockSize(size, s)
-	if d.guard > 0 {
-		// size may be cached (its size class) where size+guard is not
-		// (256-byte rounding, possibly smaller): the block is the latter.
-		total := p.blockSize(size+d.guard, s)
-		b.user = min(b.user, total)
-		b.extra = total - b.user
+	if d.guard == 0 {
+		if d.watch != nil {
+			d.watch.region(ptr, size)
+		}
+		d.add(ptr, b)
+		return ptr, nil
+	}
+	// size may be cached (its size class) where size+guard is not
+	// (256-byte rounding, possibly smaller): the block is the latter.
+	total := p.blockSize(size+d.guard, s)
+	b.user = min(b.user, total)
+	b.extra = total - b.user
+	if err := d.lockedGuard(func() error {
+		if err := d.guardFill(ptr, size, s); err != nil {
+			return err
+		}
+		if d.watch != nil {
+			d.watch.region(ptr, size)
+		}
+		d.addLocked(ptr, b)
+		return nil
+	}); err != nil {
+		if !errors.Is(err, ErrClosed) {
+			d.undo(ptr, size+d.guard, s)
+		}
+		return 0, err
+	}
+	return ptr, nil
+}
+
+// addLocked is add in guard mode, under the pool's lock: the block's red
+// zone recorded with it in the pool (allocMeta.red, for Pool.pend), and
+// the layer's peak of Active without red zones raised.
+func (d *debugLayer) addLocked(ptr uintptr, b debugBlock) {
+	p := d.p
+	if p.pt == nil {
+		if blk, err := p.x.Lookup(uint64(ptr)); err == nil {
+			p.setRed(blk.ID, uint32(b.extra))
+		}
 	}
 	d.add(ptr, b)
-	return ptr, nil
+	d.noteActive()
+}
+
+// noteActive raises activePeak to Active without red zones. Pool lock
+// held.
+func (d *debugLayer) noteActive() {
+	p := d.p
+	active := p.activeNow()
+	d.mu.Lock()
+	d.activePeak = max(d.activePeak, active-min(active, d.extra+p.c.redPending))
+	d.mu.Unlock()
 }
 
 // blockSize is the size in bytes of the block the pool gives a request of
@@ -180,12 +217,25 @@ func (p *Pool) blockSize(size uint64, s device.Stream) uint64 {
 }
 
 // notePitch records a pitch allocation of size bytes (pitch × height) at
-// ptr. Pool lock held.
+// ptr, counted at its block size, as Stats.Allocated counts it: the
+// block's own, or for a passthrough pool the block size a pooled one would
+// give it. Pool lock held.
 func (d *debugLayer) notePitch(ptr uintptr, size uint64) {
 	if d.watch != nil {
 		d.watch.region(ptr, size)
 	}
-	d.add(ptr, debugBlock{size: size, user: size, pitch: true})
+	p := d.p
+	user := p.blockSize(size, 0)
+	if p.pt == nil {
+		if blk, err := p.x.Lookup(uint64(ptr)); err == nil {
+			user = blk.Size
+			p.setRed(blk.ID, 0)
+		}
+	}
+	d.add(ptr, debugBlock{size: size, user: user, pitch: true})
+	if d.guard > 0 {
+		d.noteActive()
+	}
 }
 
 // names reports whether a block's record names stream s.
@@ -366,11 +416,14 @@ func (d *debugLayer) lockedGuard(f func() error) error {
 	return f()
 }
 
-// adjustStats takes red zones out of a snapshot: Allocated and Active
-// drop by the red-zone bytes of live blocks; AllocatedPeak is the
-// layer's own peak of live bytes without red zones, and ActivePeak drops
-// by as much as AllocatedPeak did; AllocationsPeak is the layer's peak of
-// live blocks. It also takes the allocations undo took back off Allocs,
+// adjustStats takes red zones out of a snapshot: Allocated drops by the
+// red-zone bytes of live blocks, Active by those of live and pending
+// blocks, Pending by those of pending ones; AllocatedPeak and ActivePeak
+// are the layer's own peaks without red zones (userPeak, activePeak), as
+// AllocationsPeak is its peak of live blocks; LargestFree drops by the
+// red zone a request adds. Every allocation in guard
+// mode goes through the layer, so that its peaks are the pool's figures
+// less red zones, and never fall. It also takes the allocations undo took back off Allocs,
 // Frees and AllocsBySize. Pool lock held.
 func (d *debugLayer) adjustStats(s *Stats) {
 	d.mu.Lock()
@@ -389,20 +442,23 @@ func (d *debugLayer) adjustStats(s *Stats) {
 	// A free in flight may have left the pool's counters already and the
 	// layer's not yet: never go below zero.
 	s.Allocated -= min(d.extra, s.Allocated)
-	s.Active -= min(d.extra, s.Active)
-	if d.userPeak < s.AllocatedPeak {
-		drop := s.AllocatedPeak - max(d.userPeak, s.Allocated)
-		s.AllocatedPeak -= drop
-		s.ActivePeak = max(s.ActivePeak-min(drop, s.ActivePeak), s.Active)
-	}
+	red := d.p.c.redPending
+	s.Active -= min(d.extra+red, s.Active)
+	s.Pending -= min(red, s.Pending)
+	s.AllocatedPeak = max(d.userPeak, s.Allocated)
+	s.ActivePeak = max(d.activePeak, s.Active)
+	// A request of n bytes takes a block for n+guard: the largest the
+	// index serves without growing is guard bytes less.
+	s.LargestFree -= min(d.guard, s.LargestFree)
 }
 
 // forget drops every block at Close: their memory goes with the heap.
 // Pool lock held.
 func (d *debugLayer) forget() {
 	d.mu.Lock()
+	// The counters stay: Stats after Close still counts the blocks live
+	// at Close (Pool.Stats), less their red zones.
 	clear(d.live)
-	d.extra, d.user, d.blocks = 0, 0, 0
 	d.closed = true
 	d.mu.Unlock()
 }

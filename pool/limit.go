@@ -9,7 +9,8 @@ package pool
 // cap applies from the next growth on (a cap below the allocation
 // granularity, 1 say, refuses every growth, as a memory fraction of 0
 // does in PyTorch): memory reserved above a lowered
-// cap is not returned at once (Trim returns what is unused), and until
+// cap is not returned at once (Trim returns the handles or chunks wholly
+// unused; one a live block touches stays whole: Trim), and until
 // reserved memory falls below the cap every request that needs more fails
 // with ErrOutOfMemory after the out-of-memory path. Safe for concurrent
 // use. Errors: ErrClosed.

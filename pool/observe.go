@@ -74,6 +74,10 @@ const maxOOMHooks = 1024
 // closed the pool).
 func (p *Pool) runOOMHook(size uint64) error {
 	hook := p.opts.OnOutOfMemory
+	size = p.requested(size)
+	asked := p.asked // another goroutine's request may take the lock meanwhile
+	p.asked = 0
+	defer func() { p.asked = asked }()
 	// Calls made while the lock is free (the hook's own, other
 	// goroutines') are not this request's out-of-memory path.
 	path := Path(p.dev.path.Load())
@@ -94,6 +98,16 @@ func (p *Pool) runOOMHook(size uint64) error {
 	return nil
 }
 
+// requested returns the caller's request for a block of size bytes: the
+// request a cache refill allocates its class's size for (Pool.asked), else
+// size. Pool lock held.
+func (p *Pool) requested(size uint64) uint64 {
+	if p.asked != 0 {
+		return p.asked
+	}
+	return size
+}
+
 // oomError builds ErrOutOfMemory's message for a request of size bytes:
 // the request, allocated and reserved bytes, the cap, the largest block
 // the pool could allocate now and the device's free memory, as this
@@ -108,6 +122,7 @@ func (p *Pool) runOOMHook(size uint64) error {
 // its cap that then served 120 MiB at once.) A passthrough pool asks the
 // driver: its failures are the driver's own. Pool lock held.
 func (p *Pool) oomError(size uint64, cause error) error {
+	size = p.requested(size)
 	free, total := p.seen.now(p.reserved()), p.total
 	when := ""
 	if !p.seen.ok { // no growth attempt read it during this request

@@ -29,6 +29,10 @@ const (
 
 type allocMeta struct {
 	owner uint32 // stateCached: the P whose cache holds it
+	// red is, in guard mode, the bytes of the block that its red zone
+	// takes (debugBlock.extra), set while it is live (debugLayer.alloc),
+	// so that the block counts them pending too (Pool.pend).
+	red uint32
 }
 
 // Pool is a device-memory allocator for one device: a TLSF index over
@@ -115,6 +119,11 @@ type Pool struct {
 	// (mayRecycle, share.go).
 	pressure uint64
 	seen     seenFree // the device's free memory as this request's growth read it (share.go)
+	// asked is the caller's request in bytes while a cache refill
+	// allocates its class's size for it (refillLocked), so that the
+	// OnOutOfMemory hook and the error name the request; else 0. Reset
+	// while the hook runs without the lock (runOOMHook).
+	asked uint64
 	// lastFree is the device's free memory in bytes after the last
 	// growth (as it read it, less what it mapped), which sizes the
 	// growths that take standby pages (takeStandby).
@@ -139,13 +148,17 @@ type counters struct {
 	reservedPeak                 uint64
 	pending                      uint64
 	pendingBlocks                int64
-	allocs, frees                uint64
-	grows, releases              uint64
-	releasedBytes                uint64
-	recycledBytes                uint64
-	ooms, retries                uint64
-	bySize                       [NumSizeBuckets]uint64 // allocs by sizeBucket
-	scavenged                    uint64                 // bytes the scavenger returned
+	// redPending is the red-zone bytes of pending blocks in guard mode
+	// (allocMeta.red): in Pending and Active, which Stats takes them out
+	// of (debugLayer.adjustStats).
+	redPending      uint64
+	allocs, frees   uint64
+	grows, releases uint64
+	releasedBytes   uint64
+	recycledBytes   uint64
+	ooms, retries   uint64
+	bySize          [NumSizeBuckets]uint64 // allocs by sizeBucket
+	scavenged       uint64                 // bytes the scavenger returned
 }
 
 // New makes a pool on dev. It queries the device's memory, reserves the
@@ -501,12 +514,54 @@ func (p *Pool) noteAlloc(b tlsf.Block, reused bool) {
 	c.allocated += b.Size
 	c.allocations++
 	if reused {
-		c.pending -= b.Size
-		c.pendingBlocks--
+		p.unpend(b)
 	} else {
 		c.active += b.Size
 	}
 	p.notePeaks()
+}
+
+// pend counts block b, freed on a stream, pending until its event: in
+// Active and Pending, its red zone in redPending (guard mode). Pool lock
+// held.
+func (p *Pool) pend(b tlsf.Block) {
+	p.setState(b, statePending)
+	p.c.active += b.Size
+	p.c.pending += b.Size
+	p.c.pendingBlocks++
+	if p.dbg != nil {
+		p.c.redPending += uint64(p.red(b))
+	}
+}
+
+// unpend takes block b off Pending (not Active): its event completed, or
+// its stream reuses it. Pool lock held.
+func (p *Pool) unpend(b tlsf.Block) {
+	p.c.pending -= b.Size
+	p.c.pendingBlocks--
+	if p.dbg != nil {
+		p.c.redPending -= uint64(p.red(b))
+		p.setRed(b.ID, 0)
+	}
+}
+
+// red returns the red-zone bytes recorded for block b (allocMeta.red).
+func (p *Pool) red(b tlsf.Block) uint32 {
+	if int(b.ID) < len(p.meta) {
+		return p.meta[b.ID].red
+	}
+	return 0
+}
+
+// setRed records the red-zone bytes of the allocated block id.
+func (p *Pool) setRed(id uint32, red uint32) {
+	if int(id) >= len(p.meta) {
+		if red == 0 {
+			return
+		}
+		p.meta = append(p.meta, make([]allocMeta, int(p.x.MaxID())-len(p.meta))...)
+	}
+	p.meta[id].red = red
 }
 
 // notePeaks updates the peaks, counting blocks the caches hold as in use.
@@ -750,10 +805,7 @@ func (p *Pool) allocMissPath(size, align uint64) (tlsf.Block, error) {
 	defer p.dev.leave(prev)
 	p.seen = seenFree{}
 	if err := p.hopeless(size, align); err != nil {
-		// Above a lowered cap (SetMaxBytes), a request the standby pages
-		// hold needs no more memory: it is served, as one the index holds
-		// is, whether or not the heap started over (startOverIsNoOp).
-		if b, ok := p.growFromStandby(size, align); ok {
+		if b, ok := p.heldServes(size, align); ok {
 			return b, nil
 		}
 		p.c.ooms++
@@ -819,6 +871,34 @@ func (p *Pool) allocMissPath(size, align uint64) (tlsf.Block, error) {
 		return b, p.growError(size, err)
 	}
 	return p.outOfMemory(size, align, err)
+}
+
+// heldServes serves a request above a lowered cap (SetMaxBytes; hopeless)
+// from memory the pool holds, which needs no more: standby pages, whether
+// or not the heap started over (startOverIsNoOp), and, where the pool
+// holds at least the block's bytes, stream-ordered frees that completed
+// and blocks other Ps cache, as allocMissPath takes them before a growth.
+// A pool holding less makes no driver call. Pool lock held.
+func (p *Pool) heldServes(size, align uint64) (tlsf.Block, bool) {
+	if b, ok := p.growFromStandby(size, align); ok {
+		return b, true
+	}
+	if r, err := p.fitSize(size, align); err != nil || r > p.reserved() {
+		return tlsf.Block{}, false
+	}
+	if p.ss.polls() {
+		_ = p.pollPending(false)
+		if b, err := p.search(size, align); err == nil {
+			return b, true
+		}
+	}
+	if p.cache.reclaimOthers() {
+		_ = p.pollPending(false)
+		if b, err := p.search(size, align); err == nil {
+			return b, true
+		}
+	}
+	return tlsf.Block{}, false
 }
 
 // outOfMemory is allocMiss's last step, err the growth's failure: the
@@ -1966,10 +2046,7 @@ func (p *Pool) releaseFreed(b tlsf.Block, s device.Stream) error {
 	}
 	if p.ss.multi {
 		p.ss.defer_(st, b)
-		p.setState(b, statePending)
-		p.c.active += b.Size
-		p.c.pending += b.Size
-		p.c.pendingBlocks++
+		p.pend(b)
 		if p.ss.frees >= pollInterval {
 			_ = p.pollPending(false)
 		}
@@ -2015,8 +2092,7 @@ func (p *Pool) reclaimPending(addr uint64) {
 	if err != nil {
 		return // not reached: pending blocks are allocated in the index
 	}
-	p.c.pending -= b.Size
-	p.c.pendingBlocks--
+	p.unpend(b)
 	p.c.active -= b.Size
 }
 
@@ -2220,10 +2296,17 @@ func (p *Pool) ForgetStream(s device.Stream) error {
 	return nil
 }
 
-// Trim returns all unused device memory to the driver: it flushes the
+// Trim returns unused device memory to the driver: it flushes the
 // caches, waits for pending stream-ordered frees, synchronizes streams
-// that freed memory, and releases every page (VMM) or chunk lying wholly
-// under free blocks. It returns the bytes released.
+// that freed memory, and releases every physical allocation whose memory
+// lies wholly under free blocks: a VMM pool's handles (cuMemUnmap,
+// cuMemRelease), a chunk pool's chunks (cuMemFree). A handle or chunk a
+// live block touches stays whole: the driver frees physical memory only
+// as the allocation it made, and a pool with no cap maps each growth as
+// one handle of up to 128 MiB (vmm.go), so a 1 MiB block can keep up to
+// that much reserved. A pool with a cap, or a ReleaseFraction, maps
+// smaller handles (one 2 MiB page each near its cap). It returns the
+// bytes released.
 // Errors: ErrClosed, device errors.
 func (p *Pool) Trim() (uint64, error) {
 	p.lockAside()

@@ -114,10 +114,7 @@ func (p *Pool) holdForUses(b tlsf.Block, s device.Stream) (bool, error) {
 	delete(p.ss.uses, b.Addr)
 	p.ss.onChange()
 	p.ss.held = append(p.ss.held, heldBlock{addr: b.Addr, evs: evs})
-	p.setState(b, statePending)
-	p.c.active += b.Size
-	p.c.pending += b.Size
-	p.c.pendingBlocks++
+	p.pend(b)
 	p.ss.frees++
 	if p.ss.frees >= pollInterval {
 		_ = p.pollPending(false)

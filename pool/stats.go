@@ -212,7 +212,7 @@ func (p *Pool) Check() error {
 	if err := p.x.Check(); err != nil {
 		return err
 	}
-	var live, pending, cached uint64
+	var live, pending, cached, red uint64
 	var nLive, nPending, nCached int64
 	var bad error
 	p.x.Walk(func(b tlsf.Block) bool {
@@ -227,6 +227,7 @@ func (p *Pool) Check() error {
 		case statePending:
 			pending += b.Size
 			nPending++
+			red += uint64(p.red(b))
 		case stateCached:
 			cached += b.Size
 			nCached++
@@ -238,6 +239,9 @@ func (p *Pool) Check() error {
 	})
 	if bad != nil {
 		return bad
+	}
+	if p.dbg != nil && red != p.c.redPending {
+		return fmt.Errorf("pool: pending blocks' red zones %d bytes by walk, %d by counter", red, p.c.redPending)
 	}
 	if n := p.ss.pendingCount(); int64(n) != nPending {
 		return fmt.Errorf("pool: %d blocks pending in the index, %d in stream sets", nPending, n)
@@ -299,21 +303,50 @@ func (p *Pool) ResetPeaks() {
 	p.notePeaks()
 	p.noteReserved()
 	if d := p.dbg; d != nil {
+		active := p.activeNow()
 		d.mu.Lock()
 		d.userPeak, d.blocksPeak = d.user, d.blocks
+		d.activePeak = active - min(active, d.extra+p.c.redPending)
 		d.mu.Unlock()
 	}
 }
 
+// activeNow is Stats.Active, the caches' live blocks summed. Pool lock
+// held.
+func (p *Pool) activeNow() uint64 {
+	a := p.c.active
+	if c := p.cache; c != nil {
+		for i := range c.ps {
+			pc := &c.ps[i]
+			pc.lockWait()
+			a += pc.liveBytes
+			pc.unlock()
+		}
+	}
+	return a
+}
+
 // largestFree is the largest request the index serves now without growing
 // (Stats.LargestFree): under best fit the largest free block, with
-// GoodFit that block rounded down to a size-class boundary. Pool lock
-// held.
+// GoodFit that block rounded down to a size-class boundary, as it is
+// where the caches serve a request of its size now (a refill allocates
+// the request's class size: cacheSet.refillLocked). Pool lock held.
 func (p *Pool) largestFree() uint64 {
-	largest := p.x.LargestFit()
 	if p.opts.GoodFit {
-		largest = p.x.LargestAlloc()
+		return p.largestFreeTop(p.x.LargestAlloc())
 	}
+	largest := p.largestFreeTop(p.x.LargestFit())
+	if c := p.cache; c != nil && largest > 0 && c.serves(largest, 0) {
+		if class, r := c.classes.SizeClass(largest); r > largest && class > 0 {
+			largest = c.classes.Size(class - 1)
+		}
+	}
+	return largest
+}
+
+// largestFreeTop is largestFree's figure from the index's, largest, and
+// the pages on standby. Pool lock held.
+func (p *Pool) largestFreeTop(largest uint64) uint64 {
 	h := p.vmm
 	if h == nil || h.standby == 0 {
 		return largest
