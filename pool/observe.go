@@ -235,9 +235,9 @@ func (h *vmmHeap) largestAllocatable(k uint64) uint64 {
 
 // Size returns the usable size in bytes of the live allocation at ptr:
 // its block's size (at least what was requested, as Stats count it:
-// Pool.blockSize; pitch × height for AllocPitch), or, in a passthrough
-// pool, what the driver
-// allocated; in guard mode (Options.Guard), the size requested, since the
+// Pool.blockSize; for AllocPitch, the block of pitch × height bytes, at
+// least that), or, in a passthrough pool, what the driver allocated
+// (pitch × height for AllocPitch); in guard mode (Options.Guard), the size requested, since the
 // red zone follows it. Safe for concurrent use; it takes the pool's lock.
 //
 // Errors: ErrUnknownPointer (not a pointer the pool returned, or inside
