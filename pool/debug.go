@@ -60,6 +60,9 @@ type debugLayer struct {
 	user, userPeak uint64
 	// blocks is the live blocks the layer knows; blocksPeak its peak.
 	blocks, blocksPeak int64
+	// inflight is the red-zone bytes of blocks the pool allocated for the
+	// layer and the layer has not recorded yet (alloc).
+	inflight uint64
 	// activePeak is the peak of Active without red zones (live blocks'
 	// extra, pending blocks' Pool.c.redPending), raised at each
 	// allocation through the layer (noteActive): Active rises only there.
@@ -139,13 +142,13 @@ func (d *debugLayer) alloc(size uint64, s device.Stream) (uintptr, error) {
 	if size > math.MaxUint64-d.guard {
 		return 0, fmt.Errorf("%w: %d bytes", ErrTooLarge, size)
 	}
-	ptr, err := p.allocUnchecked(size+d.guard, s)
-	if err != nil {
-		return 0, err
-	}
 	b := debugBlock{size: size, stream: s}
 	b.user = p.blockSize(size, s)
 	if d.guard == 0 {
+		ptr, err := p.allocUnchecked(size, s)
+		if err != nil {
+			return 0, err
+		}
 		if d.watch != nil {
 			d.watch.region(ptr, size)
 		}
@@ -157,6 +160,22 @@ func (d *debugLayer) alloc(size uint64, s device.Stream) (uintptr, error) {
 	total := p.blockSize(size+d.guard, s)
 	b.user = min(b.user, total)
 	b.extra = total - b.user
+	// From the pool's allocation until addLocked the pool counts the red
+	// zone and the layer has no record of it: in flight, taken out of
+	// Stats meanwhile (an under-count for a moment, never a peak too high).
+	d.mu.Lock()
+	d.inflight += b.extra
+	d.mu.Unlock()
+	landed := func() {
+		d.mu.Lock()
+		d.inflight -= b.extra
+		d.mu.Unlock()
+	}
+	ptr, err := p.allocUnchecked(size+d.guard, s)
+	if err != nil {
+		landed()
+		return 0, err
+	}
 	if err := d.lockedGuard(func() error {
 		if err := d.guardFill(ptr, size, s); err != nil {
 			return err
@@ -167,6 +186,7 @@ func (d *debugLayer) alloc(size uint64, s device.Stream) (uintptr, error) {
 		d.addLocked(ptr, b)
 		return nil
 	}); err != nil {
+		landed()
 		if !errors.Is(err, ErrClosed) {
 			d.undo(ptr, size+d.guard, s)
 		}
@@ -185,6 +205,9 @@ func (d *debugLayer) addLocked(ptr uintptr, b debugBlock) {
 			p.setRed(blk.ID, uint32(b.extra))
 		}
 	}
+	d.mu.Lock()
+	d.inflight -= b.extra
+	d.mu.Unlock()
 	d.add(ptr, b)
 	d.noteActive()
 }
@@ -195,7 +218,7 @@ func (d *debugLayer) noteActive() {
 	p := d.p
 	active := p.activeNow()
 	d.mu.Lock()
-	d.activePeak = max(d.activePeak, active-min(active, d.extra+p.c.redPending))
+	d.activePeak = max(d.activePeak, active-min(active, d.extra+d.inflight+p.c.redPending))
 	d.mu.Unlock()
 }
 
@@ -441,9 +464,9 @@ func (d *debugLayer) adjustStats(s *Stats) {
 	}
 	// A free in flight may have left the pool's counters already and the
 	// layer's not yet: never go below zero.
-	s.Allocated -= min(d.extra, s.Allocated)
+	s.Allocated -= min(d.extra+d.inflight, s.Allocated)
 	red := d.p.c.redPending
-	s.Active -= min(d.extra+red, s.Active)
+	s.Active -= min(d.extra+d.inflight+red, s.Active)
 	s.Pending -= min(red, s.Pending)
 	s.AllocatedPeak = max(d.userPeak, s.Allocated)
 	s.ActivePeak = max(d.activePeak, s.Active)
@@ -457,7 +480,18 @@ func (d *debugLayer) adjustStats(s *Stats) {
 func (d *debugLayer) forget() {
 	d.mu.Lock()
 	// The counters stay: Stats after Close still counts the blocks live
-	// at Close (Pool.Stats), less their red zones.
+	// at Close that the pool itself served (Pool.Stats), less their red
+	// zones; not those the caches handed out, whose counts go with the
+	// caches.
+	if p := d.p; p.pt == nil && p.cache != nil {
+		for ptr, b := range d.live {
+			if blk, err := p.x.Lookup(uint64(ptr)); err == nil && p.state(blk.ID) == stateCached {
+				d.extra -= b.extra
+				d.user -= b.user
+				d.blocks--
+			}
+		}
+	}
 	clear(d.live)
 	d.closed = true
 	d.mu.Unlock()

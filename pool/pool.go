@@ -518,6 +518,9 @@ func (p *Pool) noteAlloc(b tlsf.Block, reused bool) {
 	} else {
 		c.active += b.Size
 	}
+	if p.dbg != nil {
+		p.setRed(b.ID, 0) // the layer records its own (debugLayer.addLocked); none left from the ID's last block
+	}
 	p.notePeaks()
 }
 
@@ -804,12 +807,14 @@ func (p *Pool) allocMissPath(size, align uint64) (tlsf.Block, error) {
 	prev := p.dev.enter(PathAlloc)
 	defer p.dev.leave(prev)
 	p.seen = seenFree{}
-	if err := p.hopeless(size, align); err != nil {
+	if _, why := p.hopelessWhy(size, align); why != "" {
+		// Served from memory the pool holds, the request is no failure:
+		// its error (which logs) only once that failed.
 		if b, ok := p.heldServes(size, align); ok {
 			return b, nil
 		}
 		p.c.ooms++
-		return tlsf.Block{}, err
+		return tlsf.Block{}, p.hopeless(size, align)
 	}
 	if p.ss.polls() {
 		_ = p.pollPending(false)
@@ -927,27 +932,42 @@ func (p *Pool) outOfMemory(size, align uint64, err error) (tlsf.Block, error) {
 // holds still serves it under a cap lowered below that memory: a free
 // block the search found, or standby pages, allocMiss.)
 func (p *Pool) hopeless(size, align uint64) error {
+	r, why := p.hopelessWhy(size, align)
+	switch why {
+	case "":
+		return nil
+	case hopelessDevice:
+		// The device has not got it: the driver's error, as growing would
+		// have returned.
+		return p.oomError(size, fmt.Errorf("a block of %s exceeds the device's total memory; nothing released: %w", sizeString(r), device.ErrOutOfMemory))
+	}
+	return fmt.Errorf("%w: a block of %s exceeds %s; nothing released", p.oomError(size, nil), sizeString(r), why)
+}
+
+// hopelessDevice is hopelessWhy's answer for a block above the device's
+// total memory.
+const hopelessDevice = "the device's total memory"
+
+// hopelessWhy returns the block a request needs (fitSize, plus alignment
+// padding) and what it exceeds, "" where nothing: hopeless's test, without
+// its error (whose message may log and read the device's free memory).
+func (p *Pool) hopelessWhy(size, align uint64) (uint64, string) {
 	r, err := p.fitSize(size, align)
 	if err != nil {
-		return nil // allocOdd reports sizes the index refuses
+		return 0, "" // allocOdd reports sizes the index refuses
 	}
 	if align > indexGranularity {
 		r += align - indexGranularity
 	}
-	var why string
 	switch {
 	case r > p.total:
-		// The device has not got it: the driver's error, as growing would
-		// have returned.
-		return p.oomError(size, fmt.Errorf("a block of %s exceeds the device's total memory; nothing released: %w", sizeString(r), device.ErrOutOfMemory))
+		return r, hopelessDevice
 	case p.opts.MaxBytes > 0 && r > p.opts.MaxBytes:
-		why = "the cap (MaxBytes)"
+		return r, "the cap (MaxBytes)"
 	case p.opts.MaxFraction < 1 && r > p.fractionCap():
-		why = "the cap (MaxFraction of the device's total, less the process's context)"
-	default:
-		return nil
+		return r, "the cap (MaxFraction of the device's total, less the process's context)"
 	}
-	return fmt.Errorf("%w: a block of %s exceeds %s; nothing released", p.oomError(size, nil), sizeString(r), why)
+	return r, ""
 }
 
 // retryable errors are those the out-of-memory path may cure.

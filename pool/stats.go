@@ -29,7 +29,9 @@ type Stats struct {
 	//
 	// With caches on, the peaks of Allocated, Allocations and Active count
 	// blocks held by caches as in use: an upper bound, by at most the
-	// caches' capacity. They are exact with caches off.
+	// caches' capacity. They are exact with caches off, and in guard mode
+	// (Options.Guard), whose figures leave red zones out: there the peaks
+	// of Allocated and Active are taken at each allocation.
 	Active, ActivePeak uint64
 	// Reserved is the device memory the pool holds: mapped pages (VMM),
 	// chunks, or the driver allocations themselves (passthrough: their
@@ -306,7 +308,7 @@ func (p *Pool) ResetPeaks() {
 		active := p.activeNow()
 		d.mu.Lock()
 		d.userPeak, d.blocksPeak = d.user, d.blocks
-		d.activePeak = active - min(active, d.extra+p.c.redPending)
+		d.activePeak = active - min(active, d.extra+d.inflight+p.c.redPending)
 		d.mu.Unlock()
 	}
 }
