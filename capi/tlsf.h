@@ -203,7 +203,8 @@ void tlsf_set_memory_fraction(double fraction, int device);
  * (Tensor.record_stream): ptr, a live allocation, is also used by work on
  * `stream`. When ptr is freed, the pool records an event on each recorded
  * stream (and on the freeing stream) and reuses the block only after all
- * of them completed. Recording the allocation's own stream does nothing.
+ * of them completed. Recording the stream ptr is later freed on (under
+ * PyTorch, the allocation's own) changes nothing.
  * Failure (see tlsf_last_error): a pointer no pool has live. Nothing is
  * recorded.
  */
