@@ -1093,6 +1093,23 @@ func (c *cacheSet) forget() {
 	c.sysBytes, c.sysBlocks = 0, 0
 }
 
+// sum returns f summed over the Ps' caches, each read under its lock; 0
+// for caches that never engaged (they hold nothing) or none (c nil). Pool
+// lock held.
+func (c *cacheSet) sum(f func(pc *pcache) uint64) uint64 {
+	if c == nil || !c.engaged() {
+		return 0
+	}
+	var n uint64
+	for i := range c.ps {
+		pc := &c.ps[i]
+		pc.lockWait()
+		n += f(pc)
+		pc.unlock()
+	}
+	return n
+}
+
 // addStats adds the caches' figures to a snapshot. Pool lock held.
 func (c *cacheSet) addStats(ctr *counters, s *Stats) {
 	s.Cached += c.centralBytes

@@ -89,17 +89,7 @@ func TestGuardModesPeaksDoNotFallUnderConcurrentStats(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for i := 0; i < 20000 && !stop.Load(); i++ {
-			ptr, err := p.Alloc(1000)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			if err := p.Free(ptr); err != nil {
-				t.Error(err)
-				return
-			}
-		}
+		allocAndFree(t, p, 1000, 20000, &stop)
 		stop.Store(true)
 	}()
 	var prevAlloc, prevActive uint64
@@ -145,17 +135,7 @@ func TestGuardModesActivePeakKeepsNoRedZoneOfABlockInFlight(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					for range 20000 {
-						ptr, err := p.Alloc(1000)
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						if err := p.Free(ptr); err != nil {
-							t.Error(err)
-							return
-						}
-					}
+					allocAndFree(t, p, 1000, 20000, nil)
 				}()
 			}
 			wg.Wait()
@@ -164,6 +144,23 @@ func TestGuardModesActivePeakKeepsNoRedZoneOfABlockInFlight(t *testing.T) {
 			require.LessOrEqual(t, s.AllocatedPeak, 2*kiB)
 			require.LessOrEqual(t, s.ActivePeak, 2*kiB, "ActivePeak counts red zones of blocks the layer had not recorded yet")
 		})
+	}
+}
+
+// allocAndFree allocates and frees a block of size bytes n times, or
+// until stop (if not nil) is set; errors are the test's, from any
+// goroutine.
+func allocAndFree(t *testing.T, p *Pool, size uint64, n int, stop *atomic.Bool) {
+	for i := 0; i < n && (stop == nil || !stop.Load()); i++ {
+		ptr, err := p.Alloc(size)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if err := p.Free(ptr); err != nil {
+			t.Error(err)
+			return
+		}
 	}
 }
 

@@ -136,16 +136,7 @@ func (p *Pool) rememberOOM(size uint64) {
 // path that flushes them. O(GOMAXPROCS) with the caches on, on the
 // out-of-memory path only. Pool lock held.
 func (p *Pool) freesEver() uint64 {
-	n := p.c.frees
-	if c := p.cache; c != nil && c.engaged() {
-		for i := range c.ps {
-			pc := &c.ps[i]
-			pc.lockWait()
-			n += pc.frees
-			pc.unlock()
-		}
-	}
-	return n
+	return p.c.frees + p.cache.sum(func(pc *pcache) uint64 { return pc.frees })
 }
 
 // releaseFor makes room for a request of size bytes aligned to align

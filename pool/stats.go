@@ -316,16 +316,7 @@ func (p *Pool) ResetPeaks() {
 // activeNow is Stats.Active, the caches' live blocks summed. Pool lock
 // held.
 func (p *Pool) activeNow() uint64 {
-	a := p.c.active
-	if c := p.cache; c != nil {
-		for i := range c.ps {
-			pc := &c.ps[i]
-			pc.lockWait()
-			a += pc.liveBytes
-			pc.unlock()
-		}
-	}
-	return a
+	return p.c.active + p.cache.sum(func(pc *pcache) uint64 { return pc.liveBytes })
 }
 
 // largestFree is the largest request the index serves now without growing
