@@ -2,8 +2,12 @@
  * tlsf.h: the C ABI of github.com/gpumem/tlsf, a GPU device-memory pool
  * (TLSF sub-allocation over CUDA device memory), built as a shared library:
  *
- *     CGO_ENABLED=1 go build -buildmode=c-shared -o bin/libtlsf.so ./capi
- *     (or: make capi)
+ *     make capi
+ *
+ * (CGO_ENABLED=1 go build -buildmode=c-shared with the version script
+ * capi/exports.map, as the Makefile has it: without the script the
+ * library also exports internal entry points, tlsfgo_*, which skip this
+ * header's checks; capi/doc.go).
  *
  * The library loads the CUDA driver (libcuda.so.1) at run time; it needs
  * no CUDA headers or libraries at build time.
@@ -23,7 +27,9 @@
  * after a call tlsf_last_error() returns "" exactly when that call
  * succeeded. Messages are per OS thread: one thread never sees another's.
  *
- * Errors. No function aborts or exits the process, whatever it is passed.
+ * Errors. No function aborts or exits the process, whatever it is passed,
+ * but for pointers to memory it must write that the caller does not own
+ * (tlsf_get_stats's and tlsf_get_device_calls's out): as in C, undefined.
  * A failed call leaves every pool's allocations and statistics as they
  * were, apart from the counters of driver calls and out-of-memory events
  * (num_ooms, device_calls, device_calls_by_path), the release of unused
@@ -44,9 +50,17 @@
  * destroyed after the pool used it is forgotten, and the pool keeps
  * serving; a stream it never saw is mostly taken for such a one (no
  * driver call names it, and tlsf_malloc and tlsf_free on it succeed),
- * except where the pool must first order work on it (tlsf_malloc on a
- * second stream after frees on the first: cuStreamWaitEvent), which
- * fails with the driver's error, the pool unchanged.
+ * except where the pool must first order work on it (the first
+ * tlsf_malloc or tlsf_free on a second stream after frees on the first:
+ * cuStreamWaitEvent), which fails with the driver's error, the pool
+ * unchanged.
+ *
+ * Processes. A child made by fork() must not call this library (nor the
+ * CUDA driver, which a forked child cannot use either): the Go runtime
+ * inside it runs threads that the child does not have, so its first call
+ * may wait for ever, even where the parent never called the library. A
+ * child that needs it calls exec first (Python's multiprocessing:
+ * the "spawn" start method).
  *
  * Units: sizes are bytes; pointers are CUDA device pointers aligned to at
  * least 256 bytes.
@@ -105,7 +119,9 @@ extern "C" {
 typedef struct tlsf_stats {
   size_t   size;            /* in: sizeof(tlsf_stats) as the caller knows it; out: bytes filled */
   uint64_t allocated;       /* bytes in live blocks, each at its block size (256-byte rounding; size class if cached or good_fit) */
-  uint64_t reserved;        /* bytes held from the driver (mapped pages or chunks) */
+  uint64_t reserved;        /* bytes held from the driver (mapped pages or chunks; with
+                               passthrough, the requests' own sizes, which allocated
+                               rounds up, so it may be below allocated) */
   uint64_t active;          /* bytes that cannot serve a new request: allocated, blocks
                                awaiting a stream's work, and cached (Go's Stats.Active
                                + Stats.Cached) */
@@ -215,7 +231,7 @@ void tlsf_record_stream(void* ptr, void* stream);
  * pool is made; it replaces TLSF_ALLOC_CONF. conf is key:value pairs
  * separated by commas, e.g. "backend:vmm,max_bytes:40GiB,caches:false".
  * Keys: backend (auto|vmm|chunks|passthrough), device (cuda|sim: with
- * sim, each device ordinal gets a simulated GPU of its own whose
+ * sim, device ordinals 0 to 3 each get a simulated GPU of its own whose
  * addresses may equal another's, unlike CUDA's unified addressing, so
  * pass each pointer with its own device; tlsf_record_stream, which takes
  * no device, acts on the lowest ordinal holding the pointer live),

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Configuration strings.
@@ -180,7 +181,9 @@ func ParseConf(s string) (Conf, error) {
 		}
 		seen[k] = true
 		if err := apply(&c, v); err != nil {
-			return Conf{}, fmt.Errorf("%w: configuration key %q: value %q: %v", ErrBadOptions, k, v, err)
+			// The reason before the value, which is cut: a message cut at
+			// the C ABI's 1 KiB keeps the reason.
+			return Conf{}, fmt.Errorf("%w: configuration key %q: %v: value %q", ErrBadOptions, k, err, shortValue(v))
 		}
 	}
 	if c.SimCapacity != 0 && c.Device != ConfDeviceSim {
@@ -292,4 +295,18 @@ func parseBytes(v string) (uint64, error) {
 		return 0, fmt.Errorf("2^64 bytes or more")
 	}
 	return b.Uint64(), nil
+}
+
+// shortValue returns v, or its first 64 bytes (whole UTF-8 characters)
+// and "…" where it is longer: a configuration value quoted in an error.
+func shortValue(v string) string {
+	const most = 64
+	if len(v) <= most {
+		return v
+	}
+	cut := most
+	for cut > 0 && !utf8.RuneStart(v[cut]) {
+		cut--
+	}
+	return v[:cut] + "…"
 }

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -172,4 +174,20 @@ func FuzzParseConf(f *testing.F) {
 		_, err = c.Options.withDefaults()
 		require.NoError(t, err)
 	})
+}
+
+// A long bad value is cut in the error, after the reason: the C ABI cuts
+// messages at 1 KiB, and a value of 1600 "é" used to push the reason past
+// the cut.
+func TestABadConfigurationValueIsCutAfterTheReason(t *testing.T) {
+	_, err := ParseConf("max_bytes:" + strings.Repeat("é", 1600))
+	require.ErrorIs(t, err, ErrBadOptions)
+	msg := err.Error()
+	assert.Less(t, len(msg), 400, msg)
+	assert.Contains(t, msg, "…", msg)
+	assert.True(t, utf8.ValidString(msg), msg)
+	reason := strings.Index(msg, "configuration key \"max_bytes\": ")
+	value := strings.Index(msg, "value \"")
+	require.GreaterOrEqual(t, reason, 0, msg)
+	assert.Greater(t, value, reason+len("configuration key \"max_bytes\": "), "the reason comes before the value: %s", msg)
 }
