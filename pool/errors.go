@@ -9,7 +9,8 @@ import "errors"
 // so are the statistics, apart from the counters of device calls,
 // out-of-memory events and retries, and except that the out-of-memory
 // path, before it fails, may have emptied the caches and returned unused
-// memory to the driver (Cached and Reserved then drop).
+// memory to the driver (Cached and Reserved then drop), and that a Trim
+// failing midway keeps what it did before the failure (Pool.Trim).
 var (
 	// ErrOutOfMemory: the request could not be met after flushing caches,
 	// waiting for pending stream-ordered frees, releasing unused memory,

@@ -659,6 +659,24 @@ func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool
 			return tlsf.Block{}, false, fmt.Errorf("%w: %d bytes exceed the virtual range of %d bytes", ErrTooLarge, r, h.vsize)
 		}
 	}
+	if p.ss.joins(s) {
+		// A stream joining a pool that has one: registered (the switch to
+		// multi-stream mode) once the request succeeded, so that a failed
+		// request leaves the pool as it was. It has nothing pending to
+		// reuse, and the caller sees the block only after the new stream
+		// waits for the frees before it (streamSet.use).
+		b, err := p.search(size, align)
+		if err != nil {
+			if b, err = p.allocMiss(size, align); err != nil {
+				return b, false, err
+			}
+		}
+		if _, err := p.ss.use(s); err != nil {
+			_, _ = p.x.Free(b.Addr)
+			return tlsf.Block{}, false, fmt.Errorf("pool: registering stream %#x: %w", uintptr(s), err)
+		}
+		return b, false, nil
+	}
 	st, err := p.ss.use(s)
 	if err != nil {
 		return tlsf.Block{}, false, fmt.Errorf("pool: registering stream %#x: %w", uintptr(s), err)
@@ -2326,7 +2344,10 @@ func (p *Pool) ForgetStream(s device.Stream) error {
 // one handle of up to 128 MiB (vmm.go), so a 1 MiB block can keep up to
 // that much reserved. A pool with a cap, or a ReleaseFraction, maps
 // smaller handles (one 2 MiB page each near its cap). It returns the
-// bytes released.
+// bytes released. On a device error, what Trim did before it stays done
+// (the caches flushed, as with several streams blocks pending on the
+// default stream; the frees waited for; the memory released), as
+// capi/tlsf.h says of tlsf_trim: the statistics show it.
 // Errors: ErrClosed, device errors.
 func (p *Pool) Trim() (uint64, error) {
 	p.lockAside()
@@ -2339,6 +2360,12 @@ func (p *Pool) Trim() (uint64, error) {
 	p.flushCaches()
 	if err := p.pollPending(true); err != nil {
 		return 0, err
+	}
+	if p.c.allocations == 0 && p.ss.multi {
+		// With several streams the last free left its block pending, so
+		// the free could not start the heap over (startOver): now that
+		// nothing is pending, it does, as a single-stream pool's did.
+		p.startOver()
 	}
 	_ = p.freeProbe() // counted as reserved until it succeeds
 	n, err := p.releaseUnused(math.MaxUint64)

@@ -183,7 +183,9 @@ func (ss *streamSet) pollHeld(wait bool, reclaim func(addr uint64)) error {
 }
 
 // polls reports whether anything awaits an event: pollPending has work.
-func (ss *streamSet) polls() bool { return ss.multi || len(ss.held) > 0 }
+func (ss *streamSet) polls() bool {
+	return ss.multi || len(ss.held) > 0 || len(ss.orphaned) > 0
+}
 
 // syncUses synchronizes the streams recorded for the live passthrough
 // allocation ptr before its cuMemFree (which itself waits only for the

@@ -64,10 +64,13 @@ type streamState struct {
 }
 
 type streamSet struct {
-	dev           *counted
-	all           map[device.Stream]*streamState
-	uses          map[uint64][]device.Stream // RecordStream: live block address → other streams using it
-	held          []heldBlock                // freed blocks awaiting the events of their uses (record.go)
+	dev  *counted
+	all  map[device.Stream]*streamState
+	uses map[uint64][]device.Stream // RecordStream: live block address → other streams using it
+	held []heldBlock                // freed blocks awaiting the events of their uses (record.go)
+	// orphaned are sealed batches of dropped streams whose event a drop
+	// could not wait for: their blocks stay pending until it completes.
+	orphaned      []batch
 	first         *streamState
 	multi         bool
 	switchEv      device.Event
@@ -144,6 +147,16 @@ func (ss *streamSet) use(s device.Stream) (*streamState, error) {
 	return st, nil
 }
 
+// joins reports whether s is a stream the set has not seen, joining one it
+// has (use would register it, switching to multi-stream mode).
+func (ss *streamSet) joins(s device.Stream) bool {
+	if ss.first == nil || ss.first.s == s && !ss.multi {
+		return false
+	}
+	_, ok := ss.all[s]
+	return !ok
+}
+
 // event returns a spare event or creates one.
 func (ss *streamSet) event() (device.Event, error) {
 	if k := len(ss.spare); k > 0 {
@@ -209,6 +222,51 @@ func (st *streamState) reclaim(b *batch, reclaim func(addr uint64)) {
 	}
 }
 
+// take removes batch b's blocks still pending from st, without reclaiming
+// them, and returns their addresses.
+func (st *streamState) take(b *batch) []uint64 {
+	var addrs []uint64
+	for _, addr := range b.addrs {
+		if pb, ok := st.pending[addr]; ok && pb.seq == b.seq {
+			delete(st.pending, addr)
+			st.stale++
+			addrs = append(addrs, addr)
+		}
+	}
+	return addrs
+}
+
+// pollOrphaned reclaims the blocks of orphaned batches whose events
+// completed (with wait, waits for them).
+func (ss *streamSet) pollOrphaned(wait bool, reclaim func(addr uint64)) error {
+	var errs []error
+	kept := ss.orphaned[:0]
+	for _, b := range ss.orphaned {
+		var done bool
+		var err error
+		if wait {
+			err = ss.dev.EventSynchronize(b.ev)
+			done = err == nil
+		} else {
+			done, err = ss.dev.EventQuery(b.ev)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if !done {
+			kept = append(kept, b)
+			continue
+		}
+		for _, addr := range b.addrs {
+			reclaim(addr)
+		}
+		ss.spare = append(ss.spare, b.ev)
+	}
+	clear(ss.orphaned[len(kept):])
+	ss.orphaned = kept
+	return errors.Join(errs...)
+}
+
 // reuse pops a pending block of st of exactly size bytes (a size-class
 // boundary), if any.
 func (ss *streamSet) reuse(st *streamState, size uint64) (uint64, bool) {
@@ -263,6 +321,9 @@ func (ss *streamSet) poll(wait bool, reclaim func(addr uint64)) error {
 		}
 	}
 	if err := ss.pollHeld(wait, reclaim); err != nil && firstErr == nil {
+		firstErr = err
+	}
+	if err := ss.pollOrphaned(wait, reclaim); err != nil && firstErr == nil {
 		firstErr = err
 	}
 	if ss.switchPending {
@@ -327,6 +388,9 @@ func (ss *streamSet) syncDirty() error {
 // pendingCount is the number of blocks awaiting events.
 func (ss *streamSet) pendingCount() int {
 	n := len(ss.held)
+	for _, b := range ss.orphaned {
+		n += len(b.addrs)
+	}
 	for _, st := range ss.all {
 		n += len(st.pending)
 	}
@@ -404,7 +468,8 @@ func (ss *streamSet) forget(s device.Stream, named bool, reclaim func(addr uint6
 // where it used to fail every later registration, Trim and Close. What it
 // cannot do is order reuse after work still queued on the dead stream
 // (cuStreamDestroy returns at once and lets that work finish): blocks of
-// batches sealed with an event wait for the event; blocks freed after the
+// batches sealed with an event wait for the event (where the drop cannot
+// wait for it, in the set's polls: orphaned); blocks freed after the
 // last event, and frees that went straight to the index in single-stream
 // mode, are reusable at once. Destroying a stream with work still queued
 // on memory being freed is the caller's race, as it would be with
@@ -428,7 +493,13 @@ func streamGone(err error) bool { return errors.Is(err, device.ErrInvalidValue) 
 // nothing is pending.
 func (ss *streamSet) drop(st *streamState, reclaim func(addr uint64)) {
 	for _, b := range st.sealed {
-		_ = ss.dev.EventSynchronize(b.ev) // done already after a synchronize
+		if err := ss.dev.EventSynchronize(b.ev); err != nil {
+			// Done already after a synchronize, but for a stream that was
+			// destroyed: its work may still run. The blocks wait for the
+			// event in the set's polls, without the stream's state.
+			ss.orphaned = append(ss.orphaned, batch{ev: b.ev, addrs: st.take(b)})
+			continue
+		}
 		st.reclaim(b, reclaim)
 		ss.spare = append(ss.spare, b.ev)
 	}
