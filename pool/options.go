@@ -212,8 +212,9 @@ type Options struct {
 	// quarter of its memory lies free outside its top, in pieces that
 	// together would hold the request (severe fragmentation), when the pool
 	// keeps the top, as with Wilderness, until every block is freed and the
-	// heap starts over (Stats.TopKept; with several streams, whose last
-	// free leaves its block pending, at the next Trim). Measured on the simulated H200
+	// heap starts over (Stats.TopKept; where the last free leaves its
+	// block pending, with several streams or RecordStream, at the next
+	// Trim). Measured on the simulated H200
 	// (2026-12-07, one goroutine, peak reserved over peak live after a
 	// cold and ten warm replays; default · Wilderness), on the shared
 	// traces: lstm 1.032 · 1.117, resnet50 1.020 · 1.0195, tdnn 1.193 ·

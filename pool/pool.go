@@ -665,6 +665,7 @@ func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool
 		// request leaves the pool as it was. It has nothing pending to
 		// reuse, and the caller sees the block only after the new stream
 		// waits for the frees before it (streamSet.use).
+		start, peak := p.reserved(), p.c.reservedPeak
 		b, err := p.search(size, align)
 		if err != nil {
 			if b, err = p.allocMiss(size, align); err != nil {
@@ -672,7 +673,16 @@ func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool
 			}
 		}
 		if _, err := p.ss.use(s); err != nil {
+			// As allocMiss undoes a failed request's growth: the block back
+			// in the index, the memory mapped for it released.
 			_, _ = p.x.Free(b.Addr)
+			if p.reserved() > start {
+				prev := p.dev.enter(PathAlloc)
+				if _, rerr := p.releaseUnused(p.reserved() - start); rerr == nil && p.reserved() <= start && p.opts.OnOutOfMemory == nil {
+					p.c.reservedPeak = peak
+				}
+				p.dev.leave(prev)
+			}
 			return tlsf.Block{}, false, fmt.Errorf("pool: registering stream %#x: %w", uintptr(s), err)
 		}
 		return b, false, nil
@@ -2361,10 +2371,11 @@ func (p *Pool) Trim() (uint64, error) {
 	if err := p.pollPending(true); err != nil {
 		return 0, err
 	}
-	if p.c.allocations == 0 && p.ss.multi {
-		// With several streams the last free left its block pending, so
-		// the free could not start the heap over (startOver): now that
-		// nothing is pending, it does, as a single-stream pool's did.
+	if p.c.allocations == 0 {
+		// Where the last free left its block pending (several streams, or
+		// a stream recorded with RecordStream), the free could not start
+		// the heap over (startOver): now that nothing is pending, it does
+		// (a no-op where the free did).
 		p.startOver()
 	}
 	_ = p.freeProbe() // counted as reserved until it succeeds

@@ -160,3 +160,61 @@ func TestAFailedAllocOnANewStreamLeavesTheModeAsItWas(t *testing.T) {
 	require.Zero(t, p.Stats().PendingBlocks, "a default-stream free in a single-stream pool is never pending")
 	checkStep(t, p, d)
 }
+
+// A request on a joining stream that grew the heap, then failed to
+// register the stream (the driver refused the event or the wait): the
+// error left the growth reserved and the peak raised. It is now released
+// as allocMiss releases a failed request's growth.
+func TestAJoinFailingAfterAGrowthReleasesTheGrowth(t *testing.T) {
+	for _, call := range []device.Call{device.CallStreamWaitEvent, device.CallEventRecord, device.CallEventCreate} {
+		t.Run(call.String(), func(t *testing.T) {
+			sd := sim.New(sim.Config{Capacity: giB, Shadow: true})
+			d := onSim(sd)
+			ss := newStreams(t, sd, 2)
+			a, b := ss[0], ss[1]
+			p := openPool(t, d, Options{Backend: BackendVMM, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+			x, err := p.AllocOn(miB, a)
+			require.NoError(t, err)
+			require.NoError(t, p.FreeOn(x, a)) // a dirty: b's registration records and waits for an event
+			before := p.Stats()
+			sd.FailNth(call, 1, nil)
+			_, err = p.AllocOn(before.Reserved+64*miB, b) // the heap must grow
+			sd.ClearFaults()
+			require.ErrorIs(t, err, device.ErrInjected)
+			require.False(t, p.ss.multi)
+			checkStep(t, p, d)
+			after := p.Stats()
+			require.Equal(t, before.Reserved, after.Reserved, "a failed request left its growth reserved")
+			require.Equal(t, before.ReservedPeak, after.ReservedPeak, "and raised the peak")
+		})
+	}
+}
+
+// A single-stream pool whose last free a RecordStream held pending did not
+// start over either, at the free or at Trim.
+func TestAHeldLastFreeStartsTheHeapOverAtTrim(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: 4 * giB, Shadow: true})
+	d := onSim(sd)
+	s2 := newStreams(t, sd, 1)[0]
+	p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-12, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	placed, holes := eightMiBBlocks(t, p, 17, 8)
+	for _, h := range holes {
+		require.NoError(t, p.Free(h))
+	}
+	big, err := p.Alloc(12 * miB)
+	require.NoError(t, err)
+	require.True(t, p.Stats().TopKept)
+	require.NoError(t, p.RecordStream(big, s2))
+	for _, ptr := range append(placed, big) {
+		require.NoError(t, p.Free(ptr))
+	}
+	require.False(t, p.ss.multi)
+	require.Equal(t, int64(1), p.Stats().PendingBlocks)
+	_, err = p.Trim()
+	require.NoError(t, err)
+	checkStep(t, p, d)
+	st := p.Stats()
+	require.Zero(t, st.Allocations)
+	require.Zero(t, st.PendingBlocks)
+	require.False(t, st.TopKept, "every block freed, none pending: the heap started over")
+}
