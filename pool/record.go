@@ -153,14 +153,7 @@ func (ss *streamSet) pollHeld(wait bool, reclaim func(addr uint64)) error {
 	for _, h := range ss.held {
 		done := true
 		for len(h.evs) > 0 {
-			var ok bool
-			var err error
-			if wait {
-				err = ss.dev.EventSynchronize(h.evs[0])
-				ok = err == nil
-			} else {
-				ok, err = ss.dev.EventQuery(h.evs[0])
-			}
+			ok, err := ss.eventDone(h.evs[0], wait)
 			if err != nil {
 				errs = append(errs, err)
 			}

@@ -82,12 +82,7 @@ func TestAMultiStreamPoolWhoseBlocksAreAllFreedForgetsTheKeptTopAtTrim(t *testin
 			for _, ptr := range append(placed, big) {
 				require.NoError(t, p.Free(ptr))
 			}
-			_, err = p.Trim() // waits for every pending free
-			require.NoError(t, err)
-			checkStep(t, p, d)
-			st := p.Stats()
-			require.Zero(t, st.Allocations)
-			require.Zero(t, st.PendingBlocks)
+			st := trimEmpty(t, p, d) // waits for every pending free
 			require.False(t, st.TopKept, "every block freed, none pending: the heap should have started over and forgotten the kept top")
 		})
 	}
@@ -129,12 +124,8 @@ func TestATrimFailingMidwayLeavesAConsistentPoolThatTheNextTrimEmpties(t *testin
 			if multi {
 				require.NoError(t, sd.ReleaseStream(0))
 			}
-			_, err = p.Trim()
-			require.NoError(t, err)
-			checkStep(t, p, d)
-			s := p.Stats()
+			s := trimEmpty(t, p, d)
 			require.Zero(t, s.Cached)
-			require.Zero(t, s.PendingBlocks)
 			require.Zero(t, s.Reserved)
 		})
 	}
@@ -210,11 +201,19 @@ func TestAHeldLastFreeStartsTheHeapOverAtTrim(t *testing.T) {
 	}
 	require.False(t, p.ss.multi)
 	require.Equal(t, int64(1), p.Stats().PendingBlocks)
-	_, err = p.Trim()
+	st := trimEmpty(t, p, d)
+	require.False(t, st.TopKept, "every block freed, none pending: the heap started over")
+}
+
+// trimEmpty trims a pool whose blocks were all freed, checks it, and
+// returns its statistics: no allocation, nothing pending.
+func trimEmpty(t *testing.T, p *Pool, d testDevice) Stats {
+	t.Helper()
+	_, err := p.Trim()
 	require.NoError(t, err)
 	checkStep(t, p, d)
 	st := p.Stats()
 	require.Zero(t, st.Allocations)
 	require.Zero(t, st.PendingBlocks)
-	require.False(t, st.TopKept, "every block freed, none pending: the heap started over")
+	return st
 }

@@ -236,20 +236,23 @@ func (st *streamState) take(b *batch) []uint64 {
 	return addrs
 }
 
+// eventDone reports whether event ev completed: cuEventQuery, or with
+// wait cuEventSynchronize (done unless it fails).
+func (ss *streamSet) eventDone(ev device.Event, wait bool) (bool, error) {
+	if wait {
+		err := ss.dev.EventSynchronize(ev)
+		return err == nil, err
+	}
+	return ss.dev.EventQuery(ev)
+}
+
 // pollOrphaned reclaims the blocks of orphaned batches whose events
 // completed (with wait, waits for them).
 func (ss *streamSet) pollOrphaned(wait bool, reclaim func(addr uint64)) error {
 	var errs []error
 	kept := ss.orphaned[:0]
 	for _, b := range ss.orphaned {
-		var done bool
-		var err error
-		if wait {
-			err = ss.dev.EventSynchronize(b.ev)
-			done = err == nil
-		} else {
-			done, err = ss.dev.EventQuery(b.ev)
-		}
+		done, err := ss.eventDone(b.ev, wait)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -297,14 +300,7 @@ func (ss *streamSet) poll(wait bool, reclaim func(addr uint64)) error {
 		}
 		for len(st.sealed) > 0 {
 			b := st.sealed[0]
-			var done bool
-			var err error
-			if wait {
-				err = ss.dev.EventSynchronize(b.ev)
-				done = err == nil
-			} else {
-				done, err = ss.dev.EventQuery(b.ev)
-			}
+			done, err := ss.eventDone(b.ev, wait)
 			if err != nil && firstErr == nil {
 				firstErr = err
 			}
