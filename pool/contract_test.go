@@ -65,30 +65,6 @@ func TestLargestFreeIsAcceptedWhereTheCachesRoundIt(t *testing.T) {
 	}
 }
 
-// Guard mode: Stats.LargestFree ignored the red zone the layer adds to
-// every request, so Alloc(LargestFree) grew (VMM) or failed (chunks).
-func TestLargestFreeIsAcceptedInGuardMode(t *testing.T) {
-	for _, be := range pooledBackends {
-		t.Run(be.String(), func(t *testing.T) {
-			d := onSim(sim.New(sim.Config{Capacity: giB, Shadow: true}))
-			p := openPool(t, d, Options{Backend: be, Guard: 64, MaxBytes: 64 * miB, InitialFraction: 48.0 / 1024, Cache: CacheOptions{Disable: true}})
-			a, err := p.Alloc(5*miB + 3*kiB)
-			require.NoError(t, err)
-			b, err := p.Alloc(7 * miB)
-			require.NoError(t, err)
-			require.NoError(t, p.Free(a))
-			s := p.Stats()
-			require.Positive(t, s.LargestFree)
-			c, err := p.Alloc(s.LargestFree)
-			require.NoError(t, err, "LargestFree %d", s.LargestFree)
-			require.Equal(t, s.Grows, p.Stats().Grows, "served without growing")
-			checkStep(t, p, d)
-			require.NoError(t, p.Free(b))
-			require.NoError(t, p.Free(c))
-		})
-	}
-}
-
 // Guard mode: freeing a block on a stream (pending) raised Active (the
 // red zone of the pending block was counted again), and ActivePeak then
 // fell without ResetPeaks once the free completed. Pending blocks' red

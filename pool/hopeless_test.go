@@ -6,6 +6,7 @@ package pool
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/gpumem/tlsf/device"
@@ -111,27 +112,36 @@ func countInfo(after, before device.Counts) uint64 {
 	return after.Map()["cuMemGetInfo"] - before.Map()["cuMemGetInfo"]
 }
 
+// In guard mode (the second case) LargestFree ignored the red zone the
+// layer adds to every request, so Alloc(LargestFree) grew (VMM) or failed
+// (chunks).
 func TestLargestFreeIsAccepted(t *testing.T) {
-	for _, be := range pooledBackends {
-		t.Run(be.String(), func(t *testing.T) {
-			d := onSim(sim.New(sim.Config{Capacity: giB}))
-			p := openPool(t, d, Options{Backend: be, MaxBytes: 64 * miB, InitialFraction: 48.0 / 1024})
-			a, err := p.Alloc(5*miB + 3*kiB)
-			require.NoError(t, err)
-			b, err := p.Alloc(7 * miB)
-			require.NoError(t, err)
-			require.NoError(t, p.Free(a))
-			s := p.Stats()
-			require.Positive(t, s.LargestFree)
-			grows := s.Grows
-			c, err := p.Alloc(s.LargestFree)
-			require.NoError(t, err, "LargestFree %d", s.LargestFree)
-			require.Equal(t, grows, p.Stats().Grows, "served without growing")
-			checkStep(t, p, d)
-			require.NoError(t, p.Free(b))
-			require.NoError(t, p.Free(c))
-		})
+	for _, guard := range []uint64{0, 64} {
+		for _, be := range pooledBackends {
+			t.Run(fmt.Sprintf("%s/guard=%d", be, guard), func(t *testing.T) {
+				largestFreeIsAccepted(t, be, guard)
+			})
+		}
 	}
+}
+
+func largestFreeIsAccepted(t *testing.T, be Backend, guard uint64) {
+	d := onSim(sim.New(sim.Config{Capacity: giB, Shadow: guard > 0}))
+	p := openPool(t, d, Options{Backend: be, Guard: guard, MaxBytes: 64 * miB, InitialFraction: 48.0 / 1024})
+	a, err := p.Alloc(5*miB + 3*kiB)
+	require.NoError(t, err)
+	b, err := p.Alloc(7 * miB)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(a))
+	s := p.Stats()
+	require.Positive(t, s.LargestFree)
+	grows := s.Grows
+	c, err := p.Alloc(s.LargestFree)
+	require.NoError(t, err, "LargestFree %d", s.LargestFree)
+	require.Equal(t, grows, p.Stats().Grows, "served without growing")
+	checkStep(t, p, d)
+	require.NoError(t, p.Free(b))
+	require.NoError(t, p.Free(c))
 }
 
 func TestACapBelowTheGranularityIsRefused(t *testing.T) {
