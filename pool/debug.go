@@ -202,7 +202,7 @@ func (d *debugLayer) addLocked(ptr uintptr, b debugBlock) {
 	p := d.p
 	if p.pt == nil {
 		if blk, err := p.x.Lookup(uint64(ptr)); err == nil {
-			p.setRed(blk.ID, uint32(b.extra))
+			p.setRed(blk.ID, b.extra)
 		}
 	}
 	d.mu.Lock()
@@ -444,9 +444,9 @@ func (d *debugLayer) lockedGuard(f func() error) error {
 // blocks, Pending by those of pending ones; AllocatedPeak and ActivePeak
 // are the layer's own peaks without red zones (userPeak, activePeak), as
 // AllocationsPeak is its peak of live blocks; LargestFree drops by the
-// red zone a request adds. Every allocation in guard
-// mode goes through the layer, so that its peaks are the pool's figures
-// less red zones, and never fall. It also takes the allocations undo took back off Allocs,
+// red zone a request adds. Every allocation in guard mode goes through
+// the layer, so that its peaks are the pool's figures less red zones, and
+// never fall. It also takes the allocations undo took back off Allocs,
 // Frees and AllocsBySize. Pool lock held.
 func (d *debugLayer) adjustStats(s *Stats) {
 	d.mu.Lock()

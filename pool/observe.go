@@ -237,8 +237,9 @@ func (h *vmmHeap) largestAllocatable(k uint64) uint64 {
 // its block's size (at least what was requested, as Stats count it:
 // Pool.blockSize; for AllocPitch, the block of pitch × height bytes, at
 // least that), or, in a passthrough pool, what the driver allocated
-// (pitch × height for AllocPitch); in guard mode (Options.Guard), the size requested, since the
-// red zone follows it. Safe for concurrent use; it takes the pool's lock.
+// (pitch × height for AllocPitch); in guard mode (Options.Guard), the
+// size requested, since the red zone follows it. Safe for concurrent use;
+// it takes the pool's lock.
 //
 // Errors: ErrUnknownPointer (not a pointer the pool returned, or inside
 // an allocation), ErrDoubleFree (freed already), ErrClosed.

@@ -30,8 +30,10 @@ const (
 type allocMeta struct {
 	owner uint32 // stateCached: the P whose cache holds it
 	// red is, in guard mode, the bytes of the block that its red zone
-	// takes (debugBlock.extra), set while it is live (debugLayer.alloc),
-	// so that the block counts them pending too (Pool.pend).
+	// takes (debugBlock.extra, a multiple of 256: block sizes are), in
+	// units of 256 bytes (up to 1 TiB, above any size class's step), set
+	// while it is live (debugLayer.alloc), so that the block counts them
+	// pending too (Pool.pend).
 	red uint32
 }
 
@@ -533,7 +535,7 @@ func (p *Pool) pend(b tlsf.Block) {
 	p.c.pending += b.Size
 	p.c.pendingBlocks++
 	if p.dbg != nil {
-		p.c.redPending += uint64(p.red(b))
+		p.c.redPending += p.red(b)
 	}
 }
 
@@ -543,28 +545,28 @@ func (p *Pool) unpend(b tlsf.Block) {
 	p.c.pending -= b.Size
 	p.c.pendingBlocks--
 	if p.dbg != nil {
-		p.c.redPending -= uint64(p.red(b))
+		p.c.redPending -= p.red(b)
 		p.setRed(b.ID, 0)
 	}
 }
 
 // red returns the red-zone bytes recorded for block b (allocMeta.red).
-func (p *Pool) red(b tlsf.Block) uint32 {
+func (p *Pool) red(b tlsf.Block) uint64 {
 	if int(b.ID) < len(p.meta) {
-		return p.meta[b.ID].red
+		return uint64(p.meta[b.ID].red) * indexGranularity
 	}
 	return 0
 }
 
 // setRed records the red-zone bytes of the allocated block id.
-func (p *Pool) setRed(id uint32, red uint32) {
+func (p *Pool) setRed(id uint32, red uint64) {
 	if int(id) >= len(p.meta) {
 		if red == 0 {
 			return
 		}
 		p.meta = append(p.meta, make([]allocMeta, int(p.x.MaxID())-len(p.meta))...)
 	}
-	p.meta[id].red = red
+	p.meta[id].red = uint32(red / indexGranularity)
 }
 
 // notePeaks updates the peaks, counting blocks the caches hold as in use.

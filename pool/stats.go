@@ -229,7 +229,7 @@ func (p *Pool) Check() error {
 		case statePending:
 			pending += b.Size
 			nPending++
-			red += uint64(p.red(b))
+			red += p.red(b)
 		case stateCached:
 			cached += b.Size
 			nCached++
