@@ -280,10 +280,7 @@ func TestOutOfMemoryMessageCountsRoomBelowTheCap(t *testing.T) {
 			require.Contains(t, msg, "cap 1.00 GiB", msg)
 			require.Contains(t, msg, "at the pool's last look", "no look at the device for this request")
 			require.Contains(t, msg, "(within the cap, if the device still has the free memory of the last look)", msg)
-			largest := regexp.MustCompile(`largest block that could be allocated ([0-9.]+) MiB`).FindStringSubmatch(msg)
-			require.NotNil(t, largest, msg)
-			mib, err := strconv.ParseFloat(largest[1], 64)
-			require.NoError(t, err)
+			mib := float64(largestInMessage(t, msg)) / float64(miB)
 			assert.GreaterOrEqual(t, mib, 100.0, msg)
 			assert.LessOrEqual(t, mib, 124.0, msg)
 			_, err = p.Alloc(uint64(mib) * miB)
@@ -362,13 +359,20 @@ func TestOutOfMemoryMessageCountsWhatThePoolMappedSinceItsLook(t *testing.T) {
 			free, _, err := d.MemGetInfo()
 			require.NoError(t, err)
 			require.Contains(t, msg, "device free "+sizeString(free), msg)
-			largest := regexp.MustCompile(`largest block that could be allocated ([0-9.]+) GiB`).FindStringSubmatch(msg)
-			require.NotNil(t, largest, msg)
-			gb, err := strconv.ParseFloat(largest[1], 64)
-			require.NoError(t, err)
-			assert.LessOrEqual(t, gb*float64(giB), float64(free+p.Stats().Reserved-p.Stats().Allocated)+float64(giB)/100, msg)
+			assert.LessOrEqual(t, largestInMessage(t, msg), free+p.Stats().Reserved-p.Stats().Allocated+giB/100, msg)
 			require.NoError(t, p.Free(a))
 			checkStep(t, p, d)
 		})
 	}
+}
+
+// largestInMessage returns the bytes an out-of-memory message gives as the
+// largest block that could be allocated (sizeString's exact figure).
+func largestInMessage(t *testing.T, msg string) uint64 {
+	t.Helper()
+	m := regexp.MustCompile(`largest block that could be allocated (?:[0-9.]+ [KMGT]iB \()?([0-9]+) bytes`).FindStringSubmatch(msg)
+	require.NotNil(t, m, msg)
+	n, err := strconv.ParseUint(m[1], 10, 64)
+	require.NoError(t, err)
+	return n
 }
