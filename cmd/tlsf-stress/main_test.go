@@ -423,6 +423,24 @@ func TestReplayMalformedFileNamesFileAndLine(t *testing.T) {
 	assert.Contains(t, errs, "no such file")
 }
 
+// TestReplayRefusesTwoTracesOfOneName: the table, the verdicts and the
+// plot key on a trace's name, so two of one name would merge.
+func TestReplayRefusesTwoTracesOfOneName(t *testing.T) {
+	_, errs, status := cli(t, "replay", "--device", "sim", "lstm", "lstm")
+	assert.Equal(t, exitUsage, status)
+	assert.Contains(t, errs, "trace lstm given twice")
+
+	dir := t.TempDir()
+	for _, d := range []string{"a", "b"} {
+		require.NoError(t, os.Mkdir(filepath.Join(dir, d), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, d, "x.trace"), []byte("# a trace\na 1 4096 0\nf 1\n"), 0o644))
+	}
+	a, b := filepath.Join(dir, "a", "x.trace"), filepath.Join(dir, "b", "x.trace")
+	_, errs, status = cli(t, "replay", "--device", "sim", a, b)
+	assert.Equal(t, exitUsage, status)
+	assert.Contains(t, errs, a+" and "+b+" are both traces named x")
+}
+
 func TestReplayDetectsFormats(t *testing.T) {
 	for _, f := range []struct{ file, format string }{
 		{"small.snapshot.pickle", "pytorch-snapshot"},

@@ -202,11 +202,21 @@ func runReplay(cmd *cobra.Command, g *globalFlags, o *replayOpts, args []string)
 	out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
 	o.backends = effectiveBackends(o.backends)
 	traces := make([]*trace.Trace, 0, len(args))
+	named := map[string]string{} // trace name → the argument naming it
 	for _, a := range args {
 		t, err := loadTrace(a)
 		if err != nil {
 			return err
 		}
+		// The table, the verdicts and --plot key results on the name:
+		// two traces of one name would merge into one verdict.
+		if first, ok := named[t.Name]; ok {
+			if first == a {
+				return usagef("trace %s given twice: --warm-runs repeats its timed replays", a)
+			}
+			return usagef("%s and %s are both traces named %s: rename one", first, a, t.Name)
+		}
+		named[t.Name] = a
 		traces = append(traces, t)
 	}
 	written := map[string]string{} // file → the flag writing it
