@@ -475,6 +475,17 @@ func (d *debugLayer) adjustStats(s *Stats) {
 	s.LargestFree -= min(d.guard, s.LargestFree)
 }
 
+// lessRed takes red zones out of the out-of-memory message's figures (as
+// adjustStats does out of Stats): allocated bytes less the red zones of
+// live blocks (a block allocated but not yet recorded by the layer keeps
+// its red zone for that moment), and the largest block the pool could
+// allocate less the red zone a request adds. Pool lock held.
+func (d *debugLayer) lessRed(allocated, largest uint64) (uint64, uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return allocated - min(d.extra, allocated), largest - min(d.guard, largest)
+}
+
 // forget drops every block at Close: their memory goes with the heap.
 // Pool lock held.
 func (d *debugLayer) forget() {

@@ -9,8 +9,12 @@ import "errors"
 // so are the statistics, apart from the counters of device calls,
 // out-of-memory events and retries, and except that the out-of-memory
 // path, before it fails, may have emptied the caches and returned unused
-// memory to the driver (Cached and Reserved then drop), and that a Trim
-// failing midway keeps what it did before the failure (Pool.Trim).
+// memory to the driver (Cached and Reserved then drop), that a VMM pool,
+// before it fails, may have moved unused memory from under free blocks
+// to where the request would go (RecycledBytes, and Releases and
+// ReleasedBytes for what it released instead, grow; a later request may
+// find the moved memory where it needs it), and that a Trim failing
+// midway keeps what it did before the failure (Pool.Trim).
 var (
 	// ErrOutOfMemory: the request could not be met after flushing caches,
 	// waiting for pending stream-ordered frees, releasing unused memory,

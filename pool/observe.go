@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 
 	"github.com/gpumem/tlsf/tlsf"
@@ -100,10 +101,14 @@ func (p *Pool) runOOMHook(size uint64) error {
 
 // requested returns the caller's request for a block of size bytes: the
 // request a cache refill allocates its class's size for (Pool.asked), else
-// size. Pool lock held.
+// size; in guard mode less the red zone the layer added to it (every
+// request there comes through the layer). Pool lock held.
 func (p *Pool) requested(size uint64) uint64 {
 	if p.asked != 0 {
-		return p.asked
+		size = p.asked
+	}
+	if d := p.dbg; d != nil {
+		size -= min(d.guard, size)
 	}
 	return size
 }
@@ -138,15 +143,24 @@ func (p *Pool) oomError(size uint64, cause error) error {
 		limit = "cap " + sizeString(c)
 		terms = append(terms, "within the cap")
 	}
-	largest := p.largestAllocatable(free)
+	largest, held := p.largestAllocatable(free)
 	if when != "" {
 		terms = append(terms, "if the device still has the free memory of the last look")
 		if p.full.on {
 			// A full device (share.go): without a look, no new memory
 			// past its limit.
-			largest = p.largestAllocatable(p.full.limit - min(p.full.limit, p.reserved()))
+			largest, held = p.largestAllocatable(p.full.limit - min(p.full.limit, p.reserved()))
 			terms[len(terms)-1] = "without a new look at the full device"
 		}
+	}
+	if held {
+		// share.go: a job that wants more than its cap fails fast.
+		left := recyclePressureAllocs - (p.c.allocs - (p.pressure - 1))
+		terms = append(terms, fmt.Sprintf("moving pages from under free blocks only within %.0f%% of the cap for %d more allocations, as one failed", recycleLiveFraction*100, left))
+	}
+	allocated := p.c.allocated
+	if d := p.dbg; d != nil {
+		allocated, largest = d.lessRed(allocated, largest)
 	}
 	if len(terms) > 0 {
 		terms[0] = " (" + terms[0]
@@ -157,7 +171,7 @@ func (p *Pool) oomError(size uint64, cause error) error {
 		space = fmt.Sprintf("; the index's largest free block: %s of address space", sizeString(p.x.LargestFree()))
 	}
 	msg := fmt.Sprintf("request of %s; allocated %s, reserved %s (%s); largest block that could be allocated %s%s%s; device free %s of %s%s",
-		sizeString(size), sizeString(p.c.allocated), sizeString(p.reserved()), limit,
+		sizeString(size), sizeString(allocated), sizeString(p.reserved()), limit,
 		sizeString(largest), strings.Join(terms, ", "), space, sizeString(free), sizeString(total), when)
 	p.logOOM(size, free, largest)
 	if isOOM(cause) {
@@ -169,33 +183,94 @@ func (p *Pool) oomError(size uint64, cause error) error {
 // largestAllocatable returns about the largest block the pool could
 // allocate now, given the device's free memory: a free block whose
 // unbacked pages could be mapped within the cap and the device's free
-// memory, or new memory (within the same). Exact up to the index's
-// size-class rounding. Pool lock held.
-func (p *Pool) largestAllocatable(free uint64) uint64 {
+// memory, or new memory (within the same), and, in a VMM pool, with
+// pages moved from under other free blocks where the out-of-memory path
+// would move them for a block that size (Pool.mayRecycle). Exact up to
+// the index's size-class rounding, and to pages of a handle mapped whole
+// (moved whole). It also reports whether a recent failure held the
+// figure down (Pool.mayRecycle moving pages only within
+// recycleLiveFraction of the cap then). Pool lock held.
+func (p *Pool) largestAllocatable(free uint64) (uint64, bool) {
 	headroom := free
 	if capped, limit := p.capFrom(free); capped {
 		headroom = min(headroom, limit-min(limit, p.reserved()))
 	}
 	if p.pt != nil {
-		return headroom
+		return headroom, false
 	}
-	if h := p.vmm; h != nil {
-		return h.largestAllocatable((headroom + h.spare()) / h.gran)
+	h := p.vmm
+	if h == nil {
+		return max(p.x.LargestFree(), headroom/chunkGranularity*chunkGranularity), false
 	}
-	return max(p.x.LargestFree(), headroom/chunkGranularity*chunkGranularity)
+	k := (headroom + h.spare()) / h.gran
+	best := h.largestAllocatable(k, nil)
+	most, unheld := p.mostRecycled()
+	if max(most, unheld) <= best {
+		return best, false
+	}
+	movable, n := h.movablePages()
+	if n == 0 {
+		return best, false
+	}
+	moved := h.largestAllocatable(k+n, movable)
+	return max(best, min(most, moved)), min(unheld, moved) > max(best, most)
+}
+
+// mostRecycled returns the largest block in bytes for which the
+// out-of-memory path would move pages (Pool.mayRecycle): no bound without
+// a cap; else what fits under the cap with the memory in use, and, after
+// a failed allocation (recyclePressureAllocs), what stays within
+// recycleLiveFraction of it. The second figure is the first without that
+// failure's bound (0 where it does not apply). Pool lock held.
+func (p *Pool) mostRecycled() (most, unheld uint64) {
+	capped, limit, _ := p.cap()
+	if !capped {
+		return math.MaxUint64, 0
+	}
+	used := p.used()
+	most = limit - min(limit, used)
+	if !p.underPressure() {
+		return most, 0
+	}
+	line := uint64(p.liveLine(limit))
+	return min(most, line-min(line, used)), most
+}
+
+// movablePages marks the pages the out-of-memory path could move: those
+// of whole mappings under free blocks (vmmHeap.freeMappings), strays not
+// included; it returns the marks, indexed by page, and their number.
+// Pool lock held.
+func (h *vmmHeap) movablePages() ([]bool, uint64) {
+	runs := h.freeMappings(^uint64(0))
+	if len(runs) == 0 {
+		return nil, 0
+	}
+	movable := make([]bool, len(h.mapped))
+	var n uint64
+	for _, r := range runs {
+		for pg := r.first; pg < r.first+r.n; pg++ {
+			if !h.stray[pg] {
+				movable[pg] = true
+				n++
+			}
+		}
+	}
+	return movable, n
 }
 
 // largestAllocatable returns the longest piece of a free block (the free
 // top of the range extended to its end) whose unbacked pages number at
-// most k.
-func (h *vmmHeap) largestAllocatable(k uint64) uint64 {
+// most k. With movable (movablePages), its pages count as unbacked too: k
+// then includes them all, and a piece uses up those it lies on, which no
+// longer back another piece.
+func (h *vmmHeap) largestAllocatable(k uint64, movable []bool) uint64 {
 	var best uint64
 	top := h.base + h.vsize
 	scan := func(a, end uint64) {
 		first, last := (a-h.base)/h.gran, (end-h.base+h.gran-1)/h.gran
 		standbyEnd := (h.end-h.base)/h.gran + h.standby
 		unbacked := func(pg uint64) bool {
-			return pg >= standbyEnd || !h.mapped[pg] || h.stray[pg]
+			return pg >= standbyEnd || !h.mapped[pg] || h.stray[pg] || (movable != nil && movable[pg])
 		}
 		var holes uint64
 		i := first

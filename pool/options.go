@@ -283,8 +283,10 @@ type Options struct {
 	// context (cuCtxEnablePeerAccess). The pool's own ordinal is a no-op.
 	// New fails with ErrNoPeerAccess, naming the pair, when the device is
 	// not a device.PeerAccessor or a listed device cannot access it
-	// (cuDeviceCanAccessPeer). Default nil: the pool's device alone. See
-	// also Pool.GrantPeerAccess, which takes any ordinal. (peers.go)
+	// (cuDeviceCanAccessPeer), and with the device's error (ErrNoDevice for
+	// an unknown ordinal) naming the pair where the driver's check fails.
+	// Default nil: the pool's device alone. See also Pool.GrantPeerAccess,
+	// which takes any ordinal. (peers.go)
 	PeerAccess DeviceSet
 }
 

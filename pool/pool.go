@@ -1017,7 +1017,7 @@ func isOOM(err error) bool { return errors.Is(err, device.ErrOutOfMemory) }
 
 // growAndSearch grows the heap by max(need, GrowFraction × free) within
 // the cap and allocates from the index.
-func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
+func (p *Pool) growAndSearch(size, align uint64) (_ tlsf.Block, err error) {
 	room, err := p.roomFor(size, align)
 	if err != nil {
 		return tlsf.Block{}, err
@@ -1028,7 +1028,9 @@ func (p *Pool) growAndSearch(size, align uint64) (tlsf.Block, error) {
 	}
 	// Before standby pages join the heap: they are not yet its memory
 	// (noteFragmentation), as they were not a new pool's.
-	p.noteFragmentation(room, p.heap.unbackedTail())
+	if n, on := p.noteFragmentation(room, p.heap.unbackedTail()); on {
+		defer func() { p.settleFragmentation(n, err == nil) }()
+	}
 	if h := p.vmm; h != nil && h.standby > 0 {
 		if p.takeStandby(need) {
 			return p.search(size, align)
@@ -1192,9 +1194,12 @@ func (p *Pool) growFromStandby(size, align uint64) (tlsf.Block, bool) {
 	if need == 0 || need > h.standby*h.gran {
 		return tlsf.Block{}, false
 	}
-	p.noteFragmentation(room, p.heap.unbackedTail())
+	n, on := p.noteFragmentation(room, p.heap.unbackedTail())
 	p.takeStandby(need) // true: the pages cover need
 	b, err := p.search(size, align)
+	if on {
+		p.settleFragmentation(n, err == nil)
+	}
 	return b, err == nil
 }
 
@@ -1355,8 +1360,8 @@ func (p *Pool) startOverIsNoOp() bool {
 // and orphans included, standby pages not) is fragmented badly, and keeps
 // its top for requests no other block holds until the heap starts over
 // (tlsf.Index.SetWilderness, Pool.startOver; Options.Wilderness does so
-// always). The check runs before the cap's, so a capped pool may switch
-// on a growth that then fails.
+// always). The check runs before the cap's; a growth that then fails
+// switches it off again (settleFragmentation).
 //
 // Why a switch, and why a quarter: neither placement is better
 // everywhere. Best fit taking a tight top did better on the training
@@ -1386,11 +1391,13 @@ const severeFragmentation = 0.25
 // (startOver); tail is the released bytes under the heap's free top
 // (vmmHeap.unbackedTail). Standby pages are reserved but not yet the
 // heap's, as they were not a new pool's: they do not count in the
-// fraction. In O(1). Pool lock held.
-func (p *Pool) noteFragmentation(room, tail uint64) {
+// fraction. It reports whether it turned the list on, and what it saw,
+// for settleFragmentation once the growth is done. In O(1). Pool lock
+// held.
+func (p *Pool) noteFragmentation(room, tail uint64) (fragmentation, bool) {
 	h := p.vmm
 	if h == nil || p.x.Wilderness() {
-		return
+		return fragmentation{}, false
 	}
 	var top uint64
 	if last, ok := h.freeTop(); ok {
@@ -1402,11 +1409,30 @@ func (p *Pool) noteFragmentation(room, tail uint64) {
 	all := p.x.FreeBytes()
 	free := all - min(all, top+holes)
 	inUse := p.reserved() - min(p.reserved(), h.standby*h.gran)
-	if free >= room && float64(free) >= severeFragmentation*float64(inUse) {
-		p.x.SetWilderness(true)
-		p.logEvent(slog.LevelInfo, "tlsf pool: fragmentation is severe, the free top of the heap is kept for requests nothing else holds until every block is freed",
-			slog.Uint64("free_outside_top_bytes", free), slog.Uint64("heap_bytes", inUse), slog.Uint64("standby_bytes", h.standby*h.gran), slog.Uint64("request_bytes", room))
+	if free < room || float64(free) < severeFragmentation*float64(inUse) {
+		return fragmentation{}, false
 	}
+	p.x.SetWilderness(true)
+	return fragmentation{free: free, inUse: inUse, standby: h.standby * h.gran, room: room}, true
+}
+
+// fragmentation is what noteFragmentation saw where it turned the
+// wilderness list on, in bytes: the heap's free memory outside its free
+// top, its memory in use, its standby pages and the request's room.
+type fragmentation struct{ free, inUse, standby, room uint64 }
+
+// settleFragmentation keeps the wilderness list noteFragmentation turned
+// on where the growth after it served its request, and logs the switch;
+// where the request failed, it turns the list off again: a failed
+// request leaves the statistics as they were (Stats.TopKept; errors.go),
+// and the next growth looks again. Pool lock held.
+func (p *Pool) settleFragmentation(n fragmentation, served bool) {
+	if !served {
+		p.x.SetWilderness(false)
+		return
+	}
+	p.logEvent(slog.LevelInfo, "tlsf pool: fragmentation is severe, the free top of the heap is kept for requests nothing else holds until every block is freed",
+		slog.Uint64("free_outside_top_bytes", n.free), slog.Uint64("heap_bytes", n.inUse), slog.Uint64("standby_bytes", n.standby), slog.Uint64("request_bytes", n.room))
 }
 
 // setFine tells a VMM heap which handles to map next (vmm.go), k being the

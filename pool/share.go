@@ -312,6 +312,12 @@ func (p *Pool) withinLive(size uint64) bool {
 	if !capped {
 		return true
 	}
+	return float64(p.used()+size) <= p.liveLine(limit)
+}
+
+// liveLine returns recycleLiveFraction of the cap limit, in bytes of
+// blocks as the pool counts them (withinLive).
+func (p *Pool) liveLine(limit uint64) float64 {
 	// With GoodFit, used counts blocks at their size class, up to
 	// 1/2^SLLog2 above the bytes asked for: the fraction is of those, as a
 	// caller counts them.
@@ -322,7 +328,7 @@ func (p *Pool) withinLive(size uint64) bool {
 	if !p.opts.GoodFit {
 		rounding = 1 // blocks rounded to 256 bytes only
 	}
-	return float64(p.used()+size) <= recycleLiveFraction*rounding*float64(limit)
+	return recycleLiveFraction * rounding * float64(limit)
 }
 
 // placeCandidates is how many free blocks the out-of-memory path weighs

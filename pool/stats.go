@@ -9,7 +9,7 @@ import (
 )
 
 // Stats is a snapshot of a pool's statistics. Byte counts are bytes;
-// "Peak" fields are the highest values since New.
+// "Peak" fields are the highest values since New or the last ResetPeaks.
 type Stats struct {
 	Backend Backend
 

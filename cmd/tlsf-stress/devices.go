@@ -127,12 +127,19 @@ func parseBytes(s string) (uint64, error) {
 	return n, nil
 }
 
+// minCapBytes is the least byte count --cap takes (capFlag.least): a
+// kibibyte, far below any pool's granularity (2 MiB), so that a bare
+// small number, a fraction written without its decimal point, is refused
+// as a usage error.
+const minCapBytes = 1 << 10
+
 // capFlag is --cap and --max-live: bytes (see sizeFlag; 0: none), or a
 // fraction of the device's total memory written with a decimal point and
 // no suffix, in (0, 1].
 type capFlag struct {
 	bytes    uint64
 	fraction float64
+	least    uint64 // the least byte count but 0 (minCapBytes for --cap)
 }
 
 func (f *capFlag) String() string {
@@ -151,14 +158,18 @@ func (f *capFlag) Set(s string) error {
 		if err != nil || !(v > 0 && v <= 1) {
 			return fmt.Errorf("%q: a fraction must be in (0, 1]", s)
 		}
-		*f = capFlag{fraction: v}
+		f.bytes, f.fraction = 0, v
 		return nil
 	}
 	n, err := parseBytes(s)
 	if err != nil {
 		return err
 	}
-	*f = capFlag{bytes: n}
+	if n > 0 && n < f.least {
+		// "1" meant as the whole device would cap every pool at 1 byte.
+		return fmt.Errorf("%q: under a KiB, below any pool's granularity; a fraction of the device has a decimal point (1.0, 0.5)", s)
+	}
+	f.bytes, f.fraction = n, 0
 	return nil
 }
 

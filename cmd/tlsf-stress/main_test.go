@@ -69,6 +69,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"repeated backend", []string{"replay", "--device", "sim", "--backend", "async,async", "lstm"}, "twice"},
 		{"cap not a number", []string{"replay", "--device", "sim", "--cap", "lots", "lstm"}, "byte count"},
 		{"cap fraction above 1", []string{"replay", "--device", "sim", "--cap", "1.5", "lstm"}, "(0, 1]"},
+		{"cap fraction without its point", []string{"replay", "--device", "sim", "--cap", "1", "lstm"}, "decimal point (1.0"},
+		{"run cap fraction without its point", []string{"run", "--device", "sim", "--cap", "1"}, "decimal point (1.0"},
 		{"plot extension", []string{"replay", "--device", "sim", "--plot", "out.pdf", "lstm"}, ".svg or .png"},
 		{"run takes no arguments", []string{"run", "--device", "sim", "extra"}, "unknown command"},
 		{"run bad verify", []string{"run", "--device", "sim", "--verify", "some"}, "--verify"},

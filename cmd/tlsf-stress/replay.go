@@ -116,6 +116,7 @@ python3 -m torch.cuda._memory_viz trace_plot FILE -o FILE.html.`,
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&backends, "backend", allBackends, "backends to compare, comma-separated: "+strings.Join(allBackends, ", "))
+	o.cap.least = minCapBytes
 	f.Var(&o.cap, "cap", "cap on device memory: bytes (suffixes KiB..TiB; 0: none), or a fraction of total memory such as 0.5")
 	f.BoolVar(&o.minCap, "min-cap", false, "find by bisection the smallest cap under which the trace replays with no failed allocation")
 	f.BoolVar(&o.json, "json", false, "print one JSON object per trace and backend (schema in the package doc) instead of a table")

@@ -190,6 +190,7 @@ is real. Out-of-memory errors are counted, not failures.`,
 		},
 	}
 	o.register(cmd, defaultRunOps)
+	o.cap.least = minCapBytes
 	cmd.Flags().Var(&o.cap, "cap", "cap on the allocator's device memory: bytes (suffixes KiB..TiB; 0: none), or a fraction of total memory such as 0.5")
 	cmd.Flags().StringVar(&o.devices, "devices", "", "GPUs to use, e.g. 0,1: a pool on each with peer access for the others; blocks are copied between them (cuMemcpyDtoDAsync) and verified")
 	return cmd

@@ -112,17 +112,17 @@ func (h *Host) SetCanAccessPeer(owner, peer int, ok bool) {
 
 var _ device.PeerAccessor = (*Device)(nil)
 
-// peerCheck validates that GPU peer may reach s's memory, for call c.
-// g.mu held.
-func (s *Device) peerCheck(c device.Call, peer int) error {
+// peerCheck validates that GPU peer may reach s's memory, for the driver
+// call named call (its errors name it). g.mu held.
+func (s *Device) peerCheck(call string, peer int) error {
 	if peer == s.cfg.Ordinal {
 		return nil
 	}
 	if s.onHost == nil || peer < 0 || peer >= len(s.onHost.devs) {
-		return simErr(c, device.ErrNoDevice, "no device %d on the host of device %d", peer, s.cfg.Ordinal)
+		return fmt.Errorf("device: sim %s: no device %d on the host of device %d: %w", call, peer, s.cfg.Ordinal, device.ErrNoDevice)
 	}
 	if s.onHost.noPeer[s.cfg.Ordinal][peer] {
-		return simErr(c, device.ErrNotSupported, "device %d cannot access device %d (no peer path)", peer, s.cfg.Ordinal)
+		return fmt.Errorf("device: sim %s: device %d cannot access device %d (no peer path): %w", call, peer, s.cfg.Ordinal, device.ErrNotSupported)
 	}
 	return nil
 }
@@ -134,7 +134,7 @@ func (s *Device) peerCheck(c device.Call, peer int) error {
 func (s *Device) CanAccessPeer(peer int) (bool, error) {
 	s.g.mu.Lock()
 	defer s.g.mu.Unlock()
-	err := s.peerCheck(device.CallCtxEnablePeerAccess, peer)
+	err := s.peerCheck("cuDeviceCanAccessPeer", peer)
 	if errorsIsNotSupported(err) {
 		return false, nil
 	}
@@ -148,7 +148,7 @@ func (s *Device) CanAccessPeer(peer int) (bool, error) {
 func (s *Device) EnablePeerAccess(peer int) error {
 	const c = device.CallCtxEnablePeerAccess
 	return s.do(c, func() (uint64, error) {
-		if err := s.peerCheck(c, peer); err != nil {
+		if err := s.peerCheck(c.String(), peer); err != nil {
 			return 0, err
 		}
 		if peer != s.cfg.Ordinal {
@@ -171,7 +171,7 @@ func (s *Device) MemSetAccessPeers(ptr uintptr, size uint64, peers []int) error 
 		}
 		var bits uint64
 		for _, p := range peers {
-			if err := s.peerCheck(c, p); err != nil {
+			if err := s.peerCheck(c.String(), p); err != nil {
 				return 0, err
 			}
 			if p != s.cfg.Ordinal {
