@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"errors"
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -92,6 +93,12 @@ func check(t *testing.T, in []byte, want trace.Format) {
 		}
 		return
 	}
+	// No format spends less than 4 bytes an op ("f 1\n"; a pickle entry
+	// not shared through the memo takes 10): more ops means an input that
+	// expands, as memo references to one entry did.
+	if n := plainLen(in); len(tr.Ops) > n/4 {
+		t.Fatalf("%d ops from %d bytes of input", len(tr.Ops), n)
+	}
 	if want != 0 && tr.Format != want {
 		t.Fatalf("format %v, want %v", tr.Format, want)
 	}
@@ -119,6 +126,17 @@ func check(t *testing.T, in []byte, want trace.Format) {
 	if strings.Join(tr.Comments, "\n") != strings.Join(back.Comments, "\n") || len(tr.Comments) != len(back.Comments) {
 		t.Fatalf("text round trip changed the comments: %q -> %q", tr.Comments, back.Comments)
 	}
+}
+
+// plainLen returns the length of in after gzip decompression, if it is
+// gzip.
+func plainLen(in []byte) int {
+	zr, err := gzip.NewReader(bytes.NewReader(in))
+	if err != nil {
+		return len(in)
+	}
+	n, _ := io.Copy(io.Discard, zr)
+	return int(n)
 }
 
 func equalOps(a, b []trace.Op) bool {
@@ -166,6 +184,11 @@ func pickleSeeds(f *testing.F) [][]byte {
 		[]byte("\x80\x02}(X\x08\x00\x00\x00segments]X\r\x00\x00\x00device_traces]]a\x85u."),
 		[]byte("\x80\x02}K\x01(K\x02s."),
 		[]byte("\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00]\x94h\x00a."),
+		// Python's pickle of [a, f, a, f] for one alloc entry a and one
+		// free f: the second pair is memo references (h\x06h\x0c).
+		[]byte("\x80\x02}q\x00(X\x08\x00\x00\x00segmentsq\x01]q\x02X\x0d\x00\x00\x00device_tracesq\x03]q\x04]q\x05("+
+			"}q\x06(X\x06\x00\x00\x00actionq\x07X\x05\x00\x00\x00allocq\x08X\x04\x00\x00\x00addrq\x09K\x10X\x04\x00\x00\x00sizeq\x0aK\x10"+
+			"X\x06\x00\x00\x00streamq\x0bK\x00u}q\x0c(h\x07X\x0e\x00\x00\x00free_requestedq\x0dh\x09K\x10uh\x06h\x0ceau."),
 	)
 }
 

@@ -425,22 +425,12 @@ func TestReplayMalformedFileNamesFileAndLine(t *testing.T) {
 	assert.Contains(t, errs, "no such file")
 }
 
-// TestReplayRefusesTwoTracesOfOneName: the table, the verdicts and the
-// plot key on a trace's name, so two of one name would merge.
-func TestReplayRefusesTwoTracesOfOneName(t *testing.T) {
+// TestReplayRefusesATraceGivenTwice: the table and the verdicts key on
+// a trace's name and source, so one trace given twice would merge.
+func TestReplayRefusesATraceGivenTwice(t *testing.T) {
 	_, errs, status := cli(t, "replay", "--device", "sim", "lstm", "lstm")
 	assert.Equal(t, exitUsage, status)
 	assert.Contains(t, errs, "trace lstm given twice")
-
-	dir := t.TempDir()
-	for _, d := range []string{"a", "b"} {
-		require.NoError(t, os.Mkdir(filepath.Join(dir, d), 0o755))
-		require.NoError(t, os.WriteFile(filepath.Join(dir, d, "x.trace"), []byte("# a trace\na 1 4096 0\nf 1\n"), 0o644))
-	}
-	a, b := filepath.Join(dir, "a", "x.trace"), filepath.Join(dir, "b", "x.trace")
-	_, errs, status = cli(t, "replay", "--device", "sim", a, b)
-	assert.Equal(t, exitUsage, status)
-	assert.Contains(t, errs, a+" and "+b+" are both traces named x")
 }
 
 func TestReplayDetectsFormats(t *testing.T) {
@@ -687,4 +677,30 @@ func TestReplayWithGuardOnTheSimulatedDevice(t *testing.T) {
 	out, errs, status := cli(t, "replay", "--device", "sim", "--backend", "tlsf-vmm", "--conf", "guard:64", "--warm-runs", "1", "lstm")
 	require.Equal(t, exitOK, status, "%s\n%s", out, errs)
 	assert.Contains(t, out, "verdict lstm: tlsf-vmm (--conf guard:64)")
+}
+
+// A trace with more streams than a replay makes device streams for is
+// refused before any device is opened (the simulated device's cost grows
+// with the square of the streams: 40,000 ran out of memory).
+func TestReplayRefusesTooManyStreams(t *testing.T) {
+	var b strings.Builder
+	for i := 1; i <= maxReplayStreams+1; i++ {
+		fmt.Fprintf(&b, "a %d 512 %d\n", i, i)
+	}
+	file := filepath.Join(t.TempDir(), "streams.trace")
+	require.NoError(t, os.WriteFile(file, []byte(b.String()), 0o644))
+	_, errs, status := cli(t, "replay", "--device", "sim", file)
+	assert.NotEqual(t, exitOK, status)
+	assert.Contains(t, errs, "the trace uses 1025 streams, more than the 1024")
+}
+
+// --min-cap on a trace that fails without a cap shows the failure and its
+// error, not a bisection's "fails even under a cap of N bytes".
+func TestMinCapOfATraceThatFailsWithoutACap(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "huge.trace")
+	require.NoError(t, os.WriteFile(file, []byte("a 1 18446744073709551615 0\n"), 0o644))
+	out, errs, status := cli(t, "replay", "--device", "sim", "--backend", "tlsf-vmm", "--warm-runs", "1", "--min-cap", file)
+	assert.Equal(t, exitFailed, status, "stdout %s\nstderr %s", out, errs)
+	assert.Contains(t, out, "size too large")
+	assert.NotContains(t, errs, "fails even under a cap")
 }

@@ -78,7 +78,7 @@ func TestReplayOutputsAreCheckedPerTraceAtOnce(t *testing.T) {
 
 	_, stderr, status = cli(t, "replay", "--device", "sim", "--snapshot", filepath.Join(dir, "s.pickle"), "lstm", "lstm")
 	require.Equal(t, exitUsage, status)
-	require.Contains(t, stderr, "two traces named lstm")
+	require.Contains(t, stderr, "trace lstm given twice")
 
 	// With several traces the files are FILE-TRACE.ext: one that is a
 	// directory is refused before any replay, while FILE may be one.

@@ -110,6 +110,13 @@ const (
 	// writes 7. The bound keeps the time to read entries linear in the
 	// pickle's length even when one entry is referenced many times.
 	maxEntryKeys = 64
+	// minEventBytes is the fewest pickle bytes an alloc or free_requested
+	// entry takes unless it is shared through the memo: a free is at least
+	// MARK, two memoized keys and a memoized action (BINGET, 2 bytes
+	// each), a BININT1 address and DICT, 10 bytes. Past one event per
+	// minEventBytes, entries are referenced many times over, and the
+	// trace (96 bytes an event while converting) would dwarf the pickle.
+	minEventBytes = 10
 )
 
 // Estimated bytes of the decoded value that each opcode adds, for
@@ -128,8 +135,12 @@ const (
 // bytes: 32 bytes per input byte plus 64 MiB. The embedded PyTorch
 // snapshots estimate at 17 bytes per input byte (their measured live heap
 // is 6); a pickle of nothing but EMPTY_DICT opcodes would estimate at 176
-// (measured: 169). With MaxPickleBytes, decoding never holds much more
-// than 4 GiB.
+// (measured: 169). With MaxPickleBytes, the estimate never passes much
+// more than 4 GiB; the process's heap may take up to twice what is live
+// (Go's GC target). The worst case measured is a pickle of memo
+// references to two entries (BINGET, 2 bytes each, estimated at 16 bytes
+// per input byte): 7.3 GB at the peak for 132 MB decoded, which
+// convertSnapshot then refuses (minEventBytes).
 func pickleBudget(n int) int64 { return 64<<20 + 32*int64(n) }
 
 // parsePickle reads a whole pickle from r and converts its device traces.
@@ -511,6 +522,9 @@ func convertSnapshot(name string, v any, n int) (*Trace, error) {
 				return nil, err
 			}
 			if e != nil {
+				if len(events) >= n/minEventBytes {
+					return nil, fmt.Errorf("trace: %s: device_traces hold more alloc and free entries than %d bytes of pickle can (entries shared through the memo): %w", name, n, ErrTooLarge)
+				}
 				events = append(events, *e)
 			}
 		}

@@ -216,3 +216,25 @@ func TestOpNameIsReadable(t *testing.T) {
 	assert.Equal(t, "0xff", opName(0xff))
 	assert.True(t, strings.HasPrefix(opName(0x80), "0x80"))
 }
+
+// One alloc and one free entry, memoized once and referenced alternately
+// many times: 2 bytes a reference, 96 bytes of trace an event while
+// converting (a 128 KB gzip file decoded to 15 GB before this check).
+func TestPickleSharedEntriesAreTooLarge(t *testing.T) {
+	body := []byte{0x80, 2, '}', '('}
+	body = pklBody(body, "segments")
+	body = pklBody(body, plist{})
+	body = pklBody(body, "device_traces")
+	body = append(body, ']', '(', ']', '(')
+	body = pklBody(body, ev("alloc", 4096, 512))
+	body = append(body, 'q', 1) // BINPUT 1
+	body = pklBody(body, ev("free_requested", 4096, 512))
+	body = append(body, 'q', 2)
+	for range 1000 {
+		body = append(body, 'h', 1, 'h', 2) // BINGET 1, BINGET 2
+	}
+	body = append(body, 'e', 'e', 'u', '.')
+	_, err := Parse("shared.pickle", bytes.NewReader(body))
+	assert.ErrorIs(t, err, ErrTooLarge)
+	assert.Contains(t, err.Error(), "entries shared through the memo")
+}

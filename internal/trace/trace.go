@@ -3,6 +3,7 @@ package trace
 import (
 	"errors"
 	"fmt"
+	"math"
 )
 
 // Errors returned by this package. Test them with errors.Is.
@@ -124,7 +125,7 @@ func (t *Trace) PeakLive() uint64 {
 			live -= min(live, op.Size)
 			continue
 		}
-		live += op.Size
+		live += min(op.Size, math.MaxUint64-live) // saturates: sizes may sum past 2^64
 		peak = max(peak, live)
 	}
 	return peak
