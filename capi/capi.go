@@ -113,6 +113,11 @@ func tlsfgo_free(ptr C.uintptr_t, size C.size_t, dev C.int, stream C.uintptr_t) 
 			return
 		}
 	}
+	if errors.Is(err, pool.ErrUnknownPointer) || errors.Is(err, pool.ErrDoubleFree) {
+		if o, ok := reg.owner(uintptr(ptr), int(dev)); ok {
+			err = fmt.Errorf("%w; it is a live allocation of device %d's pool", err, o)
+		}
+	}
 	setError("tlsf_free", fmt.Errorf("%#x (%d bytes) on device %d: %w", uintptr(ptr), uint64(size), int(dev), err))
 }
 

@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 	"unicode/utf8"
@@ -463,4 +464,24 @@ func BenchmarkMallocFree(b *testing.B) {
 	for b.Loop() {
 		callFree(callMalloc(4096, 0, 0), 4096, 0, 0)
 	}
+}
+
+// A block freed as another device's names the device whose pool has it
+// (it was "double free (or unknown pointer)"), and stays live there.
+func TestFreeOnTheWrongDeviceNamesTheOwner(t *testing.T) {
+	p := callMalloc(4096, 0, 0)
+	require.NotZero(t, p, lastError())
+	q := callMalloc(4096, 1, 0) // device 1 has a pool
+	require.NotEqual(t, p, q, "unified virtual addressing")
+	require.NotZero(t, q, lastError())
+	for _, dev := range []int{1, noPoolDevice} {
+		callFree(p, 4096, dev, 0)
+		require.Contains(t, lastError(), "on device "+strconv.Itoa(dev)+": pool: ")
+		require.Contains(t, lastError(), "; it is a live allocation of device 0's pool")
+	}
+	callFree(p, 4096, 0, 0)
+	require.Empty(t, lastError())
+	callFree(q, 4096, 1, 0)
+	require.Empty(t, lastError())
+	checkPools(t)
 }

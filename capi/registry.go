@@ -105,6 +105,21 @@ func (r *registry) lookup(dev int) (*pool.Pool, error) {
 	return r.pools[dev].Load(), nil
 }
 
+// owner returns the device ordinal, other than except, whose pool has a
+// live allocation at ptr: for tlsf_free's error where a caller frees a
+// block on the wrong device. It asks each other pool (Pool.Size, under
+// its lock); only failed frees call it.
+func (r *registry) owner(ptr uintptr, except int) (int, bool) {
+	for dev := range r.pools {
+		if p := r.pools[dev].Load(); p != nil && dev != except {
+			if _, err := p.Size(ptr); err == nil {
+				return dev, true
+			}
+		}
+	}
+	return 0, false
+}
+
 // get returns the pool of dev, making it on first use.
 func (r *registry) get(dev int) (*pool.Pool, error) {
 	if uint(dev) < maxDevices {
@@ -131,7 +146,12 @@ func (r *registry) get(dev int) (*pool.Pool, error) {
 			return nil, fmt.Errorf("%w %d: device:sim has ordinals 0 to %d", errBadDevice, dev, simDevices-1)
 		}
 		// Guard mode reads memory back: the simulator must keep contents.
-		p, err = pool.New(sim.New(sim.Config{Capacity: c.SimCapacity, Ordinal: dev, Shadow: c.Options.Guard > 0}), c.Options)
+		// Device dev of a simulated host of simDevices GPUs has an address
+		// window of its own, as under unified virtual addressing, where
+		// standalone simulated devices would all share one: a block freed
+		// as another device's must not be that device's block too.
+		h := sim.NewHost(simDevices, sim.Config{Capacity: c.SimCapacity, Shadow: c.Options.Guard > 0})
+		p, err = pool.New(h.Device(dev), c.Options)
 	default:
 		p, err = pool.NewCUDA(dev, c.Options)
 	}
