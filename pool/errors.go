@@ -13,8 +13,10 @@ import "errors"
 // before it fails, may have moved unused memory from under free blocks
 // to where the request would go (RecycledBytes, and Releases and
 // ReleasedBytes for what it released instead, grow; a later request may
-// find the moved memory where it needs it), and that a Trim failing
-// midway keeps what it did before the failure (Pool.Trim).
+// find the moved memory where it needs it), that in guard mode a
+// red-zone fill failing after the block was allocated (Options.Guard)
+// leaves the switch its growth made (Stats.TopKept), and that a Trim
+// failing midway keeps what it did before the failure (Pool.Trim).
 var (
 	// ErrOutOfMemory: the request could not be met after flushing caches,
 	// waiting for pending stream-ordered frees, releasing unused memory,

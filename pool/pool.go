@@ -126,6 +126,10 @@ type Pool struct {
 	// OnOutOfMemory hook and the error name the request; else 0. Reset
 	// while the hook runs without the lock (runOOMHook).
 	asked uint64
+	// pitched: an AllocPitch request is running, whose block has no red
+	// zone in guard mode (requested). Reset while the hook runs without
+	// the lock (runOOMHook).
+	pitched bool
 	// lastFree is the device's free memory in bytes after the last
 	// growth (as it read it, less what it mapped), which sizes the
 	// growths that take standby pages (takeStandby).
@@ -667,7 +671,7 @@ func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool
 		// request leaves the pool as it was. It has nothing pending to
 		// reuse, and the caller sees the block only after the new stream
 		// waits for the frees before it (streamSet.use).
-		start, peak := p.reserved(), p.c.reservedPeak
+		start, peak, kept := p.reserved(), p.c.reservedPeak, p.x.Wilderness()
 		b, err := p.search(size, align)
 		if err != nil {
 			if b, err = p.allocMiss(size, align); err != nil {
@@ -678,6 +682,7 @@ func (p *Pool) allocBlock(size, align uint64, s device.Stream) (tlsf.Block, bool
 			// As allocMiss undoes a failed request's growth: the block back
 			// in the index, the memory mapped for it released.
 			_, _ = p.x.Free(b.Addr)
+			p.x.SetWilderness(kept) // and the growth's switch (settleFragmentation)
 			if p.reserved() > start {
 				prev := p.dev.enter(PathAlloc)
 				if _, rerr := p.releaseUnused(p.reserved() - start); rerr == nil && p.reserved() <= start && p.opts.OnOutOfMemory == nil {
@@ -1822,6 +1827,8 @@ func (p *Pool) AllocPitch(widthBytes, height uint64) (uintptr, uint64, error) {
 	if height > tlsf.MaxSize/pitch {
 		return 0, 0, fmt.Errorf("%w: pitch %d × height %d bytes", ErrTooLarge, pitch, height)
 	}
+	p.pitched = true
+	defer func() { p.pitched = false }() // also if OnOutOfMemory panics
 	ptr, err := p.allocLocked(pitch*height, unit, 0)
 	if p.dbg != nil && err == nil {
 		p.dbg.notePitch(ptr, pitch*height)

@@ -70,7 +70,7 @@ type Stats struct {
 	// TopKept reports whether a VMM pool keeps the free top of its heap
 	// for requests no other free block holds: Options.Wilderness, or a
 	// growth under severe fragmentation (severeFragmentation, pool.go)
-	// since New or the heap's last start-over (Pool.startOver: every
+	// that served its request since New or the heap's last start-over (Pool.startOver: every
 	// block freed, no page released). A log event at Info level marks the
 	// switch on; the start-over turns it off (its Debug event).
 	TopKept bool
@@ -328,13 +328,29 @@ func (p *Pool) largestFree() uint64 {
 	if p.opts.GoodFit {
 		return p.largestFreeTop(p.x.LargestAlloc())
 	}
-	largest := p.largestFreeTop(p.x.LargestFit())
-	if c := p.cache; c != nil && largest > 0 && c.serves(largest, 0) {
-		if class, r := c.classes.SizeClass(largest); r > largest && class > 0 {
-			largest = c.classes.Size(class - 1)
-		}
+	return p.largestRequest(p.largestFreeTop(p.x.LargestFit()))
+}
+
+// largestRequest returns the largest request whose block is at most n
+// bytes: n, or, where a request of n is rounded up to a size class (good
+// fit's, or the caches' where they serve n), the class boundary below n.
+// Pool lock held.
+func (p *Pool) largestRequest(n uint64) uint64 {
+	if n == 0 || p.pt != nil {
+		return n
 	}
-	return largest
+	cl := p.x.Classes()
+	if !p.opts.GoodFit {
+		c := p.cache
+		if c == nil || !c.serves(n, 0) {
+			return n
+		}
+		cl = c.classes
+	}
+	if class, r := cl.SizeClass(n); r > n && class > 0 {
+		return cl.Size(class - 1)
+	}
+	return n
 }
 
 // largestFreeTop is largestFree's figure from the index's, largest, and

@@ -113,8 +113,10 @@ type vmmHeap struct {
 	// and could not be undone (cuMemUnmap failed too). They count as
 	// mapped (reserved) and, below end, as holes; they are unmapped before
 	// the heap next maps, releases or closes.
-	stray  []bool // by page
-	nStray uint64
+	stray []bool // by page
+	// movable is movablePages's marks, by page, kept between calls.
+	movable []bool
+	nStray  uint64
 	// onChange runs after holes changed (Pool.updateGate).
 	onChange func()
 	// spares are physical allocations unmapped to move them (recycle,
@@ -918,29 +920,12 @@ type mappingRun struct{ first, n, blockSize uint64 }
 // blocks).
 func (h *vmmHeap) freeMappings(skip uint64) []mappingRun {
 	var free []mappingRun
-	h.x.Walk(func(b tlsf.Block) bool {
-		if !b.Free || b.Addr == skip {
-			return true
+	h.eachFreeMapping(skip, func(s, k, blockSize uint64, adjacent bool) {
+		if adjacent {
+			free[len(free)-1].n += k
+		} else {
+			free = append(free, mappingRun{s, k, blockSize})
 		}
-		first := (b.Addr - h.base + h.gran - 1) / h.gran
-		end := (b.Addr + b.Size - h.base) / h.gran
-		for _, r := range runs(h.mapped, first, end, true) {
-			open := false // the last run in free takes more mappings
-			for p := r[0]; p < r[0]+r[1]; {
-				s := uint64(h.start[p])
-				k := h.mappingLen(s)
-				if s < first || s+k > end {
-					open = false
-				} else if open {
-					free[len(free)-1].n += k
-				} else {
-					free = append(free, mappingRun{s, k, b.Size})
-					open = true
-				}
-				p = s + k
-			}
-		}
-		return true
 	})
 	slices.SortStableFunc(free, func(a, b mappingRun) int {
 		if c := cmp.Compare(b.blockSize, a.blockSize); c != 0 {
@@ -949,6 +934,35 @@ func (h *vmmHeap) freeMappings(skip uint64) []mappingRun {
 		return cmp.Compare(b.first, a.first)
 	})
 	return free
+}
+
+// eachFreeMapping calls f for each whole mapping, pages [s, s+k), lying
+// under a free block (of blockSize bytes) other than the one at address
+// skip, in address order; adjacent reports that it follows the last one
+// f was given, under the same block. Pool lock held.
+func (h *vmmHeap) eachFreeMapping(skip uint64, f func(s, k, blockSize uint64, adjacent bool)) {
+	h.x.Walk(func(b tlsf.Block) bool {
+		if !b.Free || b.Addr == skip {
+			return true
+		}
+		first := (b.Addr - h.base + h.gran - 1) / h.gran
+		end := (b.Addr + b.Size - h.base) / h.gran
+		for _, r := range runs(h.mapped, first, end, true) {
+			open := false // the last mapping given is under this block, next to this one
+			for p := r[0]; p < r[0]+r[1]; {
+				s := uint64(h.start[p])
+				k := h.mappingLen(s)
+				if s < first || s+k > end {
+					open = false
+				} else {
+					f(s, k, b.Size, open)
+					open = true
+				}
+				p = s + k
+			}
+		}
+		return true
+	})
 }
 
 // cutFromTop returns the first page of the fewest whole mappings at the
