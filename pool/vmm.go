@@ -947,19 +947,22 @@ func (h *vmmHeap) eachFreeMapping(skip uint64, f func(s, k, blockSize uint64, ad
 		}
 		first := (b.Addr - h.base + h.gran - 1) / h.gran
 		end := (b.Addr + b.Size - h.base) / h.gran
-		for _, r := range runs(h.mapped, first, end, true) {
-			open := false // the last mapping given is under this block, next to this one
-			for p := r[0]; p < r[0]+r[1]; {
-				s := uint64(h.start[p])
-				k := h.mappingLen(s)
-				if s < first || s+k > end {
-					open = false
-				} else {
-					f(s, k, b.Size, open)
-					open = true
-				}
-				p = s + k
+		open := false // the last mapping given is under this block, next to this one
+		for p := first; p < end; {
+			if !h.mapped[p] {
+				open = false
+				p++
+				continue
 			}
+			s := uint64(h.start[p])
+			k := h.mappingLen(s)
+			if s < first || s+k > end {
+				open = false
+			} else {
+				f(s, k, b.Size, open)
+				open = true
+			}
+			p = s + k
 		}
 		return true
 	})
