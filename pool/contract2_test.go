@@ -170,14 +170,7 @@ func servesTheMessagesLargest(t *testing.T, seed uint64, o Options) {
 // A request on a new stream whose growth turned the wilderness list on,
 // then failed to register the stream, left TopKept on.
 func TestAJoinFailingAfterAGrowthLeavesTheTopAsItWas(t *testing.T) {
-	sd := sim.New(sim.Config{Capacity: 4 * giB, Shadow: true})
-	d := onSim(sd)
-	b := newStreams(t, sd, 1)[0]
-	p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-12, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-	_, holes := eightMiBBlocks(t, p, 17, 8)
-	for _, h := range holes {
-		require.NoError(t, p.Free(h)) // the default stream is dirty: b's registration records an event
-	}
+	sd, d, b, p, _ := holedWithAStream(t) // b's registration records an event
 	require.False(t, p.Stats().TopKept)
 	sd.FailNth(device.CallEventRecord, 1, nil)
 	_, err := p.AllocOn(12*miB, b)

@@ -184,14 +184,7 @@ func TestAJoinFailingAfterAGrowthReleasesTheGrowth(t *testing.T) {
 // A single-stream pool whose last free a RecordStream held pending did not
 // start over either, at the free or at Trim.
 func TestAHeldLastFreeStartsTheHeapOverAtTrim(t *testing.T) {
-	sd := sim.New(sim.Config{Capacity: 4 * giB, Shadow: true})
-	d := onSim(sd)
-	s2 := newStreams(t, sd, 1)[0]
-	p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-12, Cache: CacheOptions{Disable: true}, NoScavenger: true})
-	placed, holes := eightMiBBlocks(t, p, 17, 8)
-	for _, h := range holes {
-		require.NoError(t, p.Free(h))
-	}
+	_, d, s2, p, placed := holedWithAStream(t)
 	big, err := p.Alloc(12 * miB)
 	require.NoError(t, err)
 	require.True(t, p.Stats().TopKept)
@@ -203,6 +196,23 @@ func TestAHeldLastFreeStartsTheHeapOverAtTrim(t *testing.T) {
 	require.Equal(t, int64(1), p.Stats().PendingBlocks)
 	st := trimEmpty(t, p, d)
 	require.False(t, st.TopKept, "every block freed, none pending: the heap started over")
+}
+
+// holedWithAStream makes a VMM pool on a simulated device with a second
+// stream (not yet used by the pool): 17 blocks of 8 MiB, growing by the
+// request only, every other one of the first 16 freed (8 MiB holes; the
+// default stream has frees then). It returns the blocks left live.
+func holedWithAStream(t *testing.T) (*sim.Device, testDevice, device.Stream, *Pool, []uintptr) {
+	t.Helper()
+	sd := sim.New(sim.Config{Capacity: 4 * giB, Shadow: true})
+	d := onSim(sd)
+	s2 := newStreams(t, sd, 1)[0]
+	p := openPool(t, d, Options{Backend: BackendVMM, GrowFraction: 1e-12, Cache: CacheOptions{Disable: true}, NoScavenger: true})
+	placed, holes := eightMiBBlocks(t, p, 17, 8)
+	for _, h := range holes {
+		require.NoError(t, p.Free(h))
+	}
+	return sd, d, s2, p, placed
 }
 
 // trimEmpty trims a pool whose blocks were all freed, checks it, and
