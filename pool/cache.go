@@ -548,8 +548,9 @@ var (
 // allocation may reach the driver and the out-of-memory path, and a
 // pinned goroutine must not wait that long. Once pinned, it takes its
 // cache's lock with lockWait, which never waits here: every other holder
-// of a cache's lock holds the pool's lock first, and this goroutine holds
-// it.
+// of a cache's lock but its owner's fast path holds the pool's lock
+// first, which this goroutine holds, and the owner's fast path runs on
+// this P, where this goroutine is pinned.
 func (c *cacheSet) refillLocked(size uint64) (uintptr, error) {
 	p := c.p
 	if p.closed {
