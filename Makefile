@@ -36,11 +36,16 @@ bench:
 stress:
 	$(GO) run ./cmd/tlsf-stress
 
+# The GPU machine's architecture: amd64, or arm64 on Grace (GH200) with
+# make gpu GPU_ARCH=arm64 (the C ABI, built with cgo, then needs a host
+# of that architecture or a cross compiler as CC).
+GPU_ARCH ?= amd64
+
 gpu: capi
 	mkdir -p bin
-	GOOS=linux GOARCH=amd64 CGO_ENABLED=0 $(GO) build -o bin/tlsf-stress ./cmd/tlsf-stress
+	GOOS=linux GOARCH=$(GPU_ARCH) CGO_ENABLED=0 $(GO) build -o bin/tlsf-stress ./cmd/tlsf-stress
 	for p in device/cuda pool bench; do \
-		GOOS=linux GOARCH=amd64 CGO_ENABLED=0 $(GO) test -c -o bin/$$(basename $$p).test ./$$p || exit 1; \
+		GOOS=linux GOARCH=$(GPU_ARCH) CGO_ENABLED=0 $(GO) test -c -o bin/$$(basename $$p).test ./$$p || exit 1; \
 	done
 
 # The C ABI needs cgo (this package only) and gcc; the version script
@@ -48,9 +53,12 @@ gpu: capi
 CC ?= gcc
 capi:
 	mkdir -p bin
-	GOOS=linux GOARCH=amd64 CGO_ENABLED=1 $(GO) build -buildmode=c-shared -ldflags="-extldflags=-Wl,--version-script=$(CURDIR)/capi/exports.map" -o bin/libtlsf.so ./capi
+	GOOS=linux GOARCH=$(GPU_ARCH) CGO_ENABLED=1 $(GO) build -buildmode=c-shared -ldflags="-extldflags=-Wl,--version-script=$(CURDIR)/capi/exports.map" -o bin/libtlsf.so ./capi
+	@# The header go build writes declares the Go side, which the library does not export: capi/tlsf.h is the one to include.
+	rm -f bin/libtlsf.h
 	$(CC) -O2 -Wall -Werror -o bin/tlsf-example capi/example/example.c -Icapi -Lbin -ltlsf -lpthread -Wl,-rpath,'$$ORIGIN'
 	$(CC) -O2 -Wall -Werror -o bin/tlsf-late-env capi/example/late_env.c -Icapi -Lbin -ltlsf -Wl,-rpath,'$$ORIGIN'
+	$(CC) -O2 -Wall -Werror -o bin/tlsf-fork-child capi/example/fork_child.c -Icapi -Lbin -ltlsf -lpthread -Wl,-rpath,'$$ORIGIN'
 
 capi-example: capi
 	@# The library exports tlsf.h's functions and no other symbol (capi/exports.map).
@@ -58,6 +66,7 @@ capi-example: capi
 		echo "bin/libtlsf.so exports the symbols above, outside tlsf.h"; exit 1; fi
 	TLSF_ALLOC_CONF=device:sim bin/tlsf-example
 	env -u TLSF_ALLOC_CONF bin/tlsf-late-env
+	TLSF_ALLOC_CONF=device:sim bin/tlsf-fork-child
 	if command -v python3 >/dev/null; then python3 python/smoke_sim.py bin/libtlsf.so; fi
 
 # bench-gpu builds what bench/peers/run.sh needs on a GPU machine with
@@ -65,7 +74,7 @@ capi-example: capi
 # C ABI, from capi/, with cgo) and bin/VERSION; then prints the command to run there.
 .PHONY: bench-gpu
 bench-gpu: capi
-	GOOS=linux GOARCH=amd64 CGO_ENABLED=0 $(GO) build -o bin/tlsf-stress ./cmd/tlsf-stress
+	GOOS=linux GOARCH=$(GPU_ARCH) CGO_ENABLED=0 $(GO) build -o bin/tlsf-stress ./cmd/tlsf-stress
 	@(git describe --always --dirty 2>/dev/null || echo unknown) >bin/VERSION
 	@echo
 	@echo "Copy the repository with bin/ to the GPU machine and run there (about 8 minutes):"

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strings"
 	"unicode/utf8"
 	"unsafe"
 
@@ -268,7 +269,7 @@ func tlsfgo_get_device_calls(dev, path C.int, call *C.char, n C.size_t, out *C.u
 		name := C.GoStringN(call, C.int(min(n, math.MaxInt32)))
 		kind = callNamed(name)
 		if kind == device.NumCalls {
-			setError("tlsf_get_device_calls", fmt.Errorf("%q is not a driver entry point this library calls (such as cuMemMap)", name))
+			setError("tlsf_get_device_calls", fmt.Errorf("%q is not a driver entry point this library calls (such as cuMemMap or cuMemAlloc_v2)", name))
 			return -1
 		}
 	}
@@ -296,8 +297,13 @@ func tlsfgo_get_device_calls(dev, path C.int, call *C.char, n C.size_t, out *C.u
 }
 
 // callNamed returns the Call whose entry point is name, or
-// device.NumCalls where none is.
+// device.NumCalls where none is. A versioned symbol, as the driver
+// exports it and tools such as nsys show it (cuMemAlloc_v2), names its
+// entry point too.
 func callNamed(name string) device.Call {
+	if i := strings.LastIndex(name, "_v"); i > 0 && i+2 < len(name) && strings.Trim(name[i+2:], "0123456789") == "" {
+		name = name[:i]
+	}
 	for k := range device.NumCalls {
 		if k.String() == name {
 			return k

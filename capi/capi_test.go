@@ -332,6 +332,12 @@ func TestDeviceCallsByPath(t *testing.T) {
 	allMaps, rc := callGetDeviceCalls(dev, pathAll, "cuMemMap", false, false)
 	require.Zero(t, rc, lastError())
 	require.Equal(t, mapsSum, allMaps)
+	// A versioned symbol, as the driver exports it, names its entry point.
+	infos, rc := callGetDeviceCalls(dev, pathAll, "cuMemGetInfo", false, false)
+	require.Zero(t, rc, lastError())
+	infosV2, rc := callGetDeviceCalls(dev, pathAll, "cuMemGetInfo_v2", false, false)
+	require.Zero(t, rc, lastError())
+	require.Equal(t, infos, infosV2)
 	allocs, rc := callGetDeviceCalls(dev, pathAll, "cuMemAlloc", false, false) // a VMM pool makes none
 	require.Zero(t, rc, lastError())
 	require.Zero(t, allocs)
@@ -348,6 +354,9 @@ func TestDeviceCallsByPath(t *testing.T) {
 		{"path TLSF_NUM_PATHS", dev, numPaths, "", true, false, "path 6"},
 		{"an unknown entry point", dev, pathAll, "cuMemAllocManaged", false, false, `"cuMemAllocManaged"`},
 		{"an empty entry point name", dev, pathAll, "", false, false, `""`},
+		{"a version suffix alone", dev, pathAll, "cuMemMap_v", false, false, `"cuMemMap_v"`},
+		{"a version of no entry point", dev, pathAll, "cuMemAllocManaged_v2", false, false, `"cuMemAllocManaged_v2"`},
+		{"another case", dev, pathAll, "cumemmap", false, false, `"cumemmap"`},
 		{"a bad device", -1, pathAll, "", true, false, "device ordinal -1"},
 		{"a bad path on a device with no pool", noPoolDevice, 99, "", true, false, "path 99"},
 	} {

@@ -55,12 +55,14 @@
  * cuStreamWaitEvent), which fails with the driver's error, the pool
  * unchanged.
  *
- * Processes. A child made by fork() must not call this library (nor the
- * CUDA driver, which a forked child cannot use either): the Go runtime
- * inside it runs threads that the child does not have, so its first call
- * may wait for ever, even where the parent never called the library. A
- * child that needs it calls exec first (Python's multiprocessing:
- * the "spawn" start method).
+ * Processes. A child made by fork() cannot use this library (nor the CUDA
+ * driver, which a forked child cannot use either): the Go runtime inside
+ * it runs threads that the child does not have, and a call into it could
+ * wait for ever. So in such a child every function fails at once, as
+ * each documents its failures, with a message naming the function and
+ * fork() (an atfork handler marks the child; tlsf_last_error works). A
+ * child that needs the library calls exec first (Python's
+ * multiprocessing: the "spawn" start method).
  *
  * Units: sizes are bytes; pointers are CUDA device pointers aligned to at
  * least 256 bytes.
@@ -155,7 +157,8 @@ typedef struct tlsf_stats {
  * Failure: NULL, with the reason in tlsf_last_error(): out of memory (the
  * message gives the request, allocated and reserved bytes, the largest
  * free block and the device's free memory; a request above the device's
- * total memory or the cap fails at once, releasing nothing), a size the
+ * total memory fails at once, releasing nothing, and so does one above
+ * the cap that memory the pool already holds cannot serve), a size the
  * pool can never serve, a bad device ordinal, a malformed configuration,
  * no CUDA driver, a driver error (a stream the driver refuses).
  * Nothing was allocated. (Under guard, a malloc whose red-zone fill the
@@ -206,10 +209,13 @@ void tlsf_reset(void);
  * allocation that needs more memory, as in PyTorch. The cap is in bytes
  * and counts no context, unlike max_fraction in tlsf_configure: jobs
  * sharing a GPU at 1/K each should use max_fraction, whose caps leave
- * each process's CUDA context room. A max_bytes set by tlsf_configure or
- * TLSF_ALLOC_CONF stays the ceiling: the cap is the smaller of the two.
- * Memory reserved above a lowered cap stays until trimmed; growth beyond
- * the cap fails.
+ * each process's CUDA context room. A max_bytes or max_fraction set by
+ * tlsf_configure or TLSF_ALLOC_CONF stays the ceiling: the cap is the
+ * smallest of them. Memory reserved above a lowered cap stays until
+ * trimmed, and serves requests meanwhile; growth beyond the cap fails.
+ * tlsf_trim releases only physical allocations lying wholly under free
+ * blocks: one mapped before the cap was lowered (up to 128 MiB) that a
+ * live block touches stays, and may keep reserved above the cap.
  * Failure (see tlsf_last_error): a fraction out of range or NaN, a bad
  * device ordinal, a pool that cannot be made. The cap is unchanged.
  */
@@ -232,10 +238,11 @@ void tlsf_record_stream(void* ptr, void* stream);
  * pool is made; it replaces TLSF_ALLOC_CONF. conf is key:value pairs
  * separated by commas, e.g. "backend:vmm,max_bytes:40GiB,caches:false".
  * Keys: backend (auto|vmm|chunks|passthrough), device (cuda|sim: with
- * sim, device ordinals 0 to 3 each get a simulated GPU of its own whose
- * addresses may equal another's, unlike CUDA's unified addressing, so
- * pass each pointer with its own device; tlsf_record_stream, which takes
- * no device, acts on the lowest ordinal holding the pointer live),
+ * sim, device ordinals 0 to 3 each get a simulated GPU of its own, with
+ * addresses of its own as under CUDA's unified addressing; the simulated
+ * device knows no stream a C program could name, so C programs on it pass
+ * NULL streams: a non-NULL one is taken for a destroyed stream, as above,
+ * and guard mode's red-zone fill on it fails),
  * sim_capacity (bytes, 2MiB to 1TiB or 0, device:sim only), initial_fraction,
  * grow_fraction,
  * max_fraction (of the device's total memory, less what the share
@@ -276,7 +283,8 @@ int tlsf_get_stats(int device, tlsf_stats* out);
 /*
  * tlsf_get_device_calls: sets *out to the number of driver calls the pool
  * of `device` made to the entry point named `call` (e.g. "cuMemMap",
- * "cuMemCreate", "cuMemGetInfo"; NULL: every entry point) on `path`
+ * "cuMemCreate", "cuMemGetInfo", or as the driver exports it,
+ * "cuMemGetInfo_v2"; case matters; NULL: every entry point) on `path`
  * (TLSF_PATH_*, or TLSF_PATH_ALL for every path) since it was made. A
  * device with no pool yet reports 0. Each call reads the counters at
  * its own moment: under concurrent use, several calls (or a call and
@@ -292,7 +300,8 @@ int tlsf_get_device_calls(int device, int path, const char* call, uint64_t* out)
  * (empties the caches, waits for the work of pending stream-ordered frees,
  * releases the physical allocations, VMM handles or chunks, lying wholly
  * under free blocks; one a live block touches stays whole, up to 128 MiB
- * in a pool with no cap: the Go package's Pool.Trim) and returns the
+ * where it was mapped while the pool had no cap: the Go package's
+ * Pool.Trim) and returns the
  * bytes released. A device with no pool returns 0. Failure: 0
  * and a message (bad ordinal, driver error); what was released before the
  * error stays released.

@@ -25,10 +25,11 @@ exhaust memory in a child process.
 
 Child processes: start them with the "spawn" method
 (``multiprocessing.get_context("spawn")``), as CUDA itself asks. A child
-made by ``fork`` must not call the library (capi/tlsf.h, "Processes"):
-the Go runtime inside it lacks its threads there, and a call may hang. A
-forked DataLoader worker is safe as long as it neither allocates nor
-frees CUDA tensors.
+made by ``fork`` cannot use the library (capi/tlsf.h, "Processes"): the
+Go runtime inside it lacks its threads there, so every call fails with a
+message (a free, silently: PyTorch's free returns nothing). A forked
+DataLoader worker is safe as long as it neither allocates nor frees CUDA
+tensors.
 
 The configuration string is described in capi/tlsf.h
 (``tlsf_configure``); without ``conf`` the environment variable

@@ -1,0 +1,73 @@
+/*
+ * fork_child.c: a child made by fork() gets an error from every entry
+ * point, never a hang, while the parent's threads allocate; the parent
+ * goes on. Each child calls the library under alarm(5): a child that
+ * hangs dies of SIGALRM and fails the check. Run with TLSF_ALLOC_CONF
+ * naming device:sim (make capi-example does). Exits 0 when every check
+ * passed, 1 otherwise.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "tlsf.h"
+
+enum { children = 20 };
+
+static volatile int stop;
+
+static void* churn(void* arg) {
+  (void)arg;
+  while (!stop) {
+    void* p = tlsf_malloc(4096, 0, NULL);
+    tlsf_free(p, 4096, 0, NULL);
+  }
+  return NULL;
+}
+
+/* child runs in a forked child: every call fails with the fork message. */
+static int child(void) {
+  alarm(5);
+  tlsf_stats s;
+  memset(&s, 0, sizeof s);
+  s.size = sizeof s;
+  int ok = tlsf_malloc(4096, 0, NULL) == NULL && strstr(tlsf_last_error(), "tlsf_malloc: called in a child made by fork()") != NULL;
+  ok = ok && tlsf_get_stats(0, &s) == -1 && strstr(tlsf_last_error(), "fork()") != NULL;
+  ok = ok && tlsf_trim(0) == 0 && strstr(tlsf_last_error(), "fork()") != NULL;
+  ok = ok && tlsf_configure("device:sim") == -1;
+  tlsf_free((void*)0x1000, 0, 0, NULL);
+  ok = ok && strstr(tlsf_last_error(), "tlsf_free: called in a child") != NULL;
+  return ok ? 0 : 1;
+}
+
+int main(void) {
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++) {
+    pthread_create(&t[i], NULL, churn, NULL);
+  }
+  for (int i = 0; i < children; i++) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      _exit(child());
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "fork or waitpid failed");
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %d: %s", i,
+          WIFSIGNALED(status) ? (WTERMSIG(status) == SIGALRM ? "hung" : "killed by a signal") : "a call did not fail with the fork message");
+  }
+  stop = 1;
+  for (int i = 0; i < 2; i++) {
+    pthread_join(t[i], NULL);
+  }
+  void* p = tlsf_malloc(1 << 20, 0, NULL);
+  CHECK(p != NULL, "the parent after its children: %s", tlsf_last_error());
+  tlsf_free(p, 1 << 20, 0, NULL);
+  if (failures == 0) {
+    printf("fork_child: all checks passed\n");
+  }
+  return failures != 0;
+}
