@@ -119,7 +119,11 @@ func tlsfgo_free(ptr C.uintptr_t, size C.size_t, dev C.int, stream C.uintptr_t) 
 			err = fmt.Errorf("%w; it is a live allocation of device %d's pool", err, o)
 		}
 	}
-	setError("tlsf_free", fmt.Errorf("%#x (%d bytes) on device %d: %w", uintptr(ptr), uint64(size), int(dev), err))
+	sized := "" // size 0: unknown (tlsf.h)
+	if size != 0 {
+		sized = fmt.Sprintf(" (%d bytes)", uint64(size))
+	}
+	setError("tlsf_free", fmt.Errorf("%#x%s on device %d: %w", uintptr(ptr), sized, int(dev), err))
 }
 
 //export tlsfgo_init
