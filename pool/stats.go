@@ -70,9 +70,10 @@ type Stats struct {
 	// TopKept reports whether a VMM pool keeps the free top of its heap
 	// for requests no other free block holds: Options.Wilderness, or a
 	// growth under severe fragmentation (severeFragmentation, pool.go)
-	// that served its request since New or the heap's last start-over (Pool.startOver: every
-	// block freed, no page released). A log event at Info level marks the
-	// switch on; the start-over turns it off (its Debug event).
+	// that served its request, since New or the heap's last start-over
+	// (Pool.startOver: every block freed, no page released). A log event
+	// at Info level marks the switch on; the start-over turns it off (its
+	// Debug event).
 	TopKept bool
 
 	// Allocs and Frees count successful calls since New (cache hits

@@ -113,10 +113,10 @@ type vmmHeap struct {
 	// and could not be undone (cuMemUnmap failed too). They count as
 	// mapped (reserved) and, below end, as holes; they are unmapped before
 	// the heap next maps, releases or closes.
-	stray []bool // by page
+	stray  []bool // by page
+	nStray uint64
 	// movable is movablePages's marks, by page, kept between calls.
 	movable []bool
-	nStray  uint64
 	// onChange runs after holes changed (Pool.updateGate).
 	onChange func()
 	// spares are physical allocations unmapped to move them (recycle,
