@@ -177,9 +177,10 @@ void* tlsf_malloc(size_t size, int device, void* stream);
  * Failure (see tlsf_last_error): a pointer freed already, one the pool
  * never returned or the interior of an allocation, a bad device ordinal,
  * a live block of another device's pool (the message names that device;
- * the block stays allocated there), a driver error (a stream the driver refuses: the block stays
- * allocated), under guard a red zone found overwritten (the block is
- * named and not freed). The pool is unchanged: nothing is freed twice.
+ * the block stays allocated there), a driver error (a stream the driver
+ * refuses: the block stays allocated), under guard a red zone found
+ * overwritten (the block is named and not freed). The pool is unchanged:
+ * nothing is freed twice.
  */
 void tlsf_free(void* ptr, size_t size, int device, void* stream);
 
