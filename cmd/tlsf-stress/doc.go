@@ -199,7 +199,8 @@
 // goroutines) and --max-live bytes in all (default a
 // quarter of the device). Every block is filled on the device with a
 // 32-bit pattern of its own (cuMemsetD32Async on the default stream or a
-// stream per goroutine) and read back before it is freed (cuMemcpyDtoH of
+// stream per goroutine; its last size mod 4 bytes with the pattern's low
+// byte, cuMemsetD8Async) and read back before it is freed (cuMemcpyDtoH of
 // the whole block, or of its first, middle and last 4 KiB); every block
 // is also checked on the host against the address ranges of the live
 // blocks. Any corrupted word or overlap is reported with its addresses and

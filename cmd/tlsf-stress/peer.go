@@ -389,7 +389,7 @@ func (r *peerRun) verifyFree(pr *peerPair, buf []byte) {
 
 func (r *peerRun) verify(pr *peerPair, buf []byte, n uint64) {
 	s, b, d := r.s, pr.b, r.devs[pr.dst]
-	for _, sp := range s.spans(n, len(buf)) {
+	for _, sp := range s.spans(n, len(buf)-3) {
 		part := buf[:sp.n]
 		// cuMemcpyDtoH on the legacy default stream waits for the copy.
 		if err := s.call(device.CallMemcpyDtoH, d.MemcpyDtoH(part, b.ptr+uintptr(sp.off))); err != nil {

@@ -8,9 +8,11 @@ package main
 // share of the live-byte budget would be exceeded, in which case another
 // of its blocks is freed instead. Every block gets a 32-bit pattern of its
 // own, written over its whole length on the device (cuMemsetD32Async on
-// the goroutine's stream) right after allocation, and read back before its
-// free (cuMemcpyDtoH of the whole block, or of its first, middle and last
-// 4 KiB). A word that is not the block's pattern is corruption; when it is
+// the goroutine's stream, and the pattern's low byte in the last size mod
+// 4 bytes, cuMemsetD8Async, where the device fills bytes) right after
+// allocation, and read back before its free (cuMemcpyDtoH of the whole
+// block, or of its first, middle and last 4 KiB, the tail bytes with the
+// last). A word that is not the block's pattern is corruption; when it is
 // another live block's pattern, the report names that block too, since two
 // live blocks then share memory. Independently of the device, every block
 // is checked on the host against the address ranges of all live blocks
@@ -105,11 +107,12 @@ type stressReport struct {
 
 // stress is one running workload.
 type stress struct {
-	cfg  stressConfig
-	dev  device.Device
-	a    allocator
-	ctx  context.Context
-	stop time.Time // zero: no deadline
+	cfg   stressConfig
+	dev   device.Device
+	bytes device.ByteSetter // dev's byte fills, for blocks' tails; nil without
+	a     allocator
+	ctx   context.Context
+	stop  time.Time // zero: no deadline
 
 	issued, done    atomic.Int64
 	allocs, frees   atomic.Int64
@@ -137,7 +140,8 @@ var testHookFilled func(d device.Device, b *liveBlock)
 
 // newStress prepares the workload cfg on allocator a over device d.
 func newStress(ctx context.Context, d device.Device, a allocator, cfg stressConfig) *stress {
-	return &stress{cfg: cfg, dev: d, a: a, ctx: ctx}
+	bs, _ := d.(device.ByteSetter)
+	return &stress{cfg: cfg, dev: d, bytes: bs, a: a, ctx: ctx}
 }
 
 // run runs the workload until its operations are done, its duration is
@@ -329,10 +333,12 @@ func slotLoop[T any](s *stress, g int, weight uint64, alloc func(size uint64) *T
 // verifyBuf returns a goroutine's host buffer for reading blocks back:
 // copyChunk bytes for full verification, else enough for the samples.
 func (s *stress) verifyBuf() []byte {
+	// 3 bytes more than a span reads (spans get len - 3): the last span
+	// takes the tail too.
 	if s.cfg.verify == verifyFull {
-		return make([]byte, copyChunk)
+		return make([]byte, copyChunk+3)
 	}
-	return make([]byte, min(copyChunk, 3*sampleBytes))
+	return make([]byte, min(copyChunk, 3*sampleBytes)+3)
 }
 
 // worker is one goroutine's state.
@@ -383,6 +389,11 @@ func (w *worker) alloc(size uint64) *liveBlock {
 	if words := size / 4; words > 0 {
 		if err := s.call(device.CallMemsetD32Async, s.dev.MemsetD32Async(ptr, b.pattern, words, w.st)); err != nil {
 			s.error("filling %v: %v", b, err)
+		}
+	}
+	if tail := s.tail(size); tail > 0 {
+		if err := s.call(device.CallMemsetD8Async, s.bytes.MemsetD8Async(ptr+uintptr(size-tail), byte(b.pattern), tail, w.st)); err != nil {
+			s.error("filling the last %d bytes of %v: %v", tail, b, err)
 		}
 	}
 	if testHookFilled != nil {
@@ -459,8 +470,9 @@ func (w *worker) verifyFree(b *liveBlock) {
 // is not its pattern.
 func (w *worker) verify(b *liveBlock) {
 	s := w.s
-	n := b.size / 4 * 4 // the bytes the memset wrote
-	if n == 0 {
+	tail := s.tail(b.size)
+	n := b.size / 4 * 4 // the bytes the 32-bit memset wrote
+	if n+tail == 0 {
 		return
 	}
 	if w.st != 0 {
@@ -470,7 +482,15 @@ func (w *worker) verify(b *liveBlock) {
 			return
 		}
 	}
-	for _, sp := range s.spans(n, len(w.buf)) {
+	spans := s.spans(n, len(w.buf)-3)
+	if tail > 0 {
+		// The last span, which ends at n, reads the tail too (buf has room).
+		if len(spans) == 0 {
+			spans = []span{{0, 0}}
+		}
+		spans[len(spans)-1].n += tail
+	}
+	for _, sp := range spans {
 		buf := w.buf[:sp.n]
 		if err := s.call(device.CallMemcpyDtoH, s.dev.MemcpyDtoH(buf, b.ptr+uintptr(sp.off))); err != nil {
 			s.error("reading back %v at offset %d: %v", b, sp.off, err)
@@ -490,8 +510,24 @@ func (w *worker) verify(b *liveBlock) {
 			s.problem("corruption: %v: word at %#x (offset %d) holds %#08x, %s", b, b.ptr+uintptr(off), off, got, other)
 			return
 		}
+		for i := len(buf) / 4 * 4; i < len(buf); i++ { // the tail, in the last span
+			if got := buf[i]; got != byte(b.pattern) {
+				off := sp.off + uint64(i)
+				s.problem("corruption: %v: byte at %#x (offset %d) holds %#02x, not the pattern's low byte %#02x", b, b.ptr+uintptr(off), off, got, byte(b.pattern))
+				return
+			}
+		}
 	}
 	s.verifiedBlocks.Add(1)
+}
+
+// tail returns the bytes past a block's last whole word that the workload
+// fills and verifies (size mod 4), or 0 on a device without byte fills.
+func (s *stress) tail(size uint64) uint64 {
+	if s.bytes == nil {
+		return 0
+	}
+	return size % 4
 }
 
 // span is a range a verification reads back: n bytes at offset off of

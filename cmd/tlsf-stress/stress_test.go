@@ -356,3 +356,23 @@ func (a *overlapAlloc) FreeSizedOn(ptr uintptr, _ uint64, s device.Stream) error
 func (a *leakyAlloc) FreeSizedOn(ptr uintptr, _ uint64, s device.Stream) error {
 	return a.FreeOn(ptr, s)
 }
+
+// The bytes past a block's last whole word are filled and verified too
+// (blocks under 4 bytes were not verified at all): a stray write into the
+// last byte of a 4 KiB + 3 block, or into a 2-byte block, is corruption.
+func TestRunDetectsCorruptionInTheTail(t *testing.T) {
+	for _, size := range []string{"4099", "2"} {
+		var victim *liveBlock
+		withFillHook(t, func(d device.Device, b *liveBlock) {
+			if b.id == 5 {
+				victim = b
+				require.NoError(t, d.(device.ByteSetter).MemsetD8Async(b.ptr+uintptr(b.size-1), ^byte(b.pattern), 1, 0))
+			}
+		})
+		out, _, status := cli(t, "run", "--device", "sim", "--ops", "400", "-g", "1", "--min-size", size, "--max-size", size)
+		assert.Equal(t, exitFailed, status, out)
+		require.NotNil(t, victim)
+		assert.Contains(t, out, "problems 1")
+		assert.Contains(t, out, fmt.Sprintf("PROBLEM: corruption: %v: byte at %#x (offset %d)", victim, victim.ptr+uintptr(victim.size-1), victim.size-1))
+	}
+}
