@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"strings"
 
 	"github.com/gpumem/tlsf/tlsf"
@@ -221,26 +220,6 @@ func (p *Pool) largestAllocatable(free uint64) (uint64, bool) {
 	}
 	moved := h.largestAllocatable(k+n, movable)
 	return max(best, min(most, moved)), min(unheld, moved) > max(best, most)
-}
-
-// mostRecycled returns the largest block in bytes for which the
-// out-of-memory path would move pages (Pool.mayRecycle): no bound without
-// a cap; else what fits under the cap with the memory in use, and, after
-// a failed allocation (recyclePressureAllocs), what stays within
-// recycleLiveFraction of it. The second figure is the first without that
-// failure's bound (0 where it does not apply). Pool lock held.
-func (p *Pool) mostRecycled() (most, unheld uint64) {
-	capped, limit, _ := p.cap()
-	if !capped {
-		return math.MaxUint64, 0
-	}
-	used := p.used()
-	most = limit - min(limit, used)
-	if !p.underPressure() {
-		return most, 0
-	}
-	line := uint64(p.liveLine(limit))
-	return min(most, line-min(line, used)), most
 }
 
 // movablePages marks the pages the out-of-memory path could move: those

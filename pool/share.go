@@ -53,7 +53,11 @@ package pool
 // Unused memory goes back to other processes when they need it through
 // FreeFloorFraction, Trim, or a background scavenger, not on every error.
 
-import "github.com/gpumem/tlsf/tlsf"
+import (
+	"math"
+
+	"github.com/gpumem/tlsf/tlsf"
+)
 
 // oomMemoSkips bounds the requests failed from the memo in a row: what
 // frees no block does not clear the memo (a stream-ordered free's event
@@ -292,16 +296,31 @@ const (
 // request of size bytes: the pool has no cap; or the memory in use plus
 // size fits under it and either stays within recycleLiveFraction of it
 // (of the bytes callers asked for) or no allocation failed in the last
-// recyclePressureAllocs.
+// recyclePressureAllocs: size is at most mostRecycled's figure, which
+// the out-of-memory message's largest block uses too.
 func (p *Pool) mayRecycle(size uint64) bool {
+	most, _ := p.mostRecycled()
+	return size <= most
+}
+
+// mostRecycled returns the largest block in bytes for which the
+// out-of-memory path would move pages (mayRecycle): no bound without
+// a cap; else what fits under the cap with the memory in use, and, after
+// a failed allocation (recyclePressureAllocs), what stays within
+// recycleLiveFraction of it. The second figure is the first without that
+// failure's bound (0 where it does not apply). Pool lock held.
+func (p *Pool) mostRecycled() (most, unheld uint64) {
 	capped, limit, _ := p.cap()
 	if !capped {
-		return true
+		return math.MaxUint64, 0
 	}
-	if p.used()+size > limit {
-		return false
+	used := p.used()
+	most = limit - min(limit, used)
+	if !p.underPressure() {
+		return most, 0
 	}
-	return p.withinLive(size) || p.pressure == 0 || p.c.allocs-(p.pressure-1) >= recyclePressureAllocs
+	line := uint64(p.liveLine(limit))
+	return min(most, line-min(line, used)), most
 }
 
 // withinLive reports whether the memory in use plus size bytes stays
