@@ -98,7 +98,7 @@ extern "C" {
 #define TLSF_PATH_SETUP         1 /* making the pool (address range, initial reserve) */
 #define TLSF_PATH_ALLOC         2 /* a request's own growth and mapping of released pages */
 #define TLSF_PATH_OUT_OF_MEMORY 3 /* from a request's first failed growth on: waits, pages moved, the retry */
-#define TLSF_PATH_SCAVENGE      4 /* memory returned because the device ran low (free_floor_fraction) */
+#define TLSF_PATH_SCAVENGE      4 /* memory returned because the device ran low (free_floor_fraction) or the pool was idle (idle_release) */
 #define TLSF_PATH_TRIM          5 /* tlsf_trim and tlsf_reset */
 #define TLSF_NUM_PATHS          6 /* the number of paths; not a path */
 #define TLSF_PATH_ALL          -1 /* every path, for tlsf_get_device_calls */
@@ -249,7 +249,12 @@ void tlsf_record_stream(void* ptr, void* stream);
  * max_fraction (of the device's total memory, less what the share
  * leaves for the process's context: pool.Options.MaxFraction),
  * release_fraction, free_floor_fraction (fractions in [0, 1]; 0 is the
- * default), max_bytes (bytes; 0: no cap), caches (auto|true|false:
+ * default), idle_release (a duration such as 500ms or 2s, 0 for the
+ * default 500ms, or off: a pool that made no tlsf_malloc or tlsf_free
+ * for that long returns the memory it holds unused to the driver once
+ * the device has less free memory than that, so that a process started
+ * after this one went idle gets it; the pool maps memory again when used
+ * again), max_bytes (bytes; 0: no cap), caches (auto|true|false:
  * auto, the default, turns the per-thread caches on once threads contend
  * for the pool's lock; true, from the start; false, never),
  * cache_max_size

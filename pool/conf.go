@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -93,6 +94,18 @@ var confKeys = map[string]func(c *Conf, v string) error{
 	"release_fraction":    fraction(func(c *Conf) *float64 { return &c.Options.ReleaseFraction }),
 	"free_floor_fraction": fraction(func(c *Conf) *float64 { return &c.Options.FreeFloorFraction }),
 	"max_bytes":           func(c *Conf, v string) (err error) { c.Options.MaxBytes, err = parseBytes(v); return err },
+	"idle_release": func(c *Conf, v string) error {
+		if v == "off" {
+			c.Options.IdleRelease = -1
+			return nil
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return fmt.Errorf("want a duration such as 500ms or 2s (0: the default), or off")
+		}
+		c.Options.IdleRelease = d
+		return nil
+	},
 	"caches": func(c *Conf, v string) error {
 		if v == "auto" {
 			c.Options.Cache.Disable, c.Options.Cache.Eager = false, false
@@ -133,6 +146,8 @@ var confKeys = map[string]func(c *Conf, v string) error{
 //	max_bytes            bytes (Options.MaxBytes; 0: no cap)
 //	release_fraction     fraction in [0, 1] (Options.ReleaseFraction)
 //	free_floor_fraction  fraction in [0, 1] (Options.FreeFloorFraction)
+//	idle_release         duration, e.g. 500ms or 2s, or off (Options.IdleRelease;
+//	                     0: the default)
 //	caches               auto | true | false (auto, the default: on once
 //	                     goroutines contend for the pool's lock; true sets
 //	                     Options.Cache.Eager; false Options.Cache.Disable)

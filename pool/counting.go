@@ -38,8 +38,9 @@ const (
 	// OnOutOfMemory hook's retry.
 	PathOutOfMemory
 	// PathScavenge is memory returned because the device ran low
-	// (FreeFloorFraction): the background scavenger's wakes and the check
-	// every ReleaseCheckInterval frees.
+	// (FreeFloorFraction) or an idle pool held memory the device lacked
+	// (IdleRelease): the background scavenger's wakes and the floor's
+	// check every ReleaseCheckInterval frees.
 	PathScavenge
 	// PathTrim is Trim.
 	PathTrim

@@ -58,8 +58,9 @@
 // MaxFraction of the device's total memory and by MaxBytes, and unused
 // memory is returned when the device runs low (FreeFloorFraction of
 // total; a background scavenger, scavenge.go, checks even while the pool
-// is idle) or recycled rather than added when the pool must map more
-// (ReleaseFraction).
+// is idle), by a pool idle for IdleRelease (500 ms) when the device has
+// less free memory than the pool holds unused, or recycled rather than
+// added when the pool must map more (ReleaseFraction).
 //
 // # Sharing a GPU
 //
@@ -125,8 +126,11 @@
 //
 // A job that asks for more than its share gets ErrOutOfMemory; for 256
 // allocations after a failure, a request that would take it above 90% of
-// its cap fails at once, without gathering free pages. FreeFloorFraction
-// makes an idle job give unused memory back to the others. Through the C
+// its cap fails at once, without gathering free pages. A job idle for
+// IdleRelease (500 ms by default) gives its unused memory back once the
+// device has less free than that, so a job started after it gets it
+// within about a second; FreeFloorFraction makes a job, idle or not,
+// keep a fraction of the device free. Through the C
 // ABI the cap is max_fraction in TLSF_ALLOC_CONF, or
 // torch.cuda.set_per_process_memory_fraction (which sets a byte cap,
 // MaxBytes: it counts no context and declares no share, below).
@@ -171,8 +175,8 @@
 // reports room: for every request within 90% of its cap (all of them
 // without a cap), which then raises the limit to what it maps, and for one
 // in 16 of the others, which lifts the limit when it finds room. Unused
-// memory goes back to other processes through FreeFloorFraction, Trim or a
-// scavenger, not on every error (share.go).
+// memory goes back to other processes through FreeFloorFraction,
+// IdleRelease or Trim, not on every error (share.go).
 //
 // # Stream order
 //

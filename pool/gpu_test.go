@@ -121,3 +121,49 @@ func TestGPUAnIdlePoolsMemoryReachesItsNeighbour(t *testing.T) {
 		float64(held)/float64(giB), float64(want)/float64(giB), time.Since(start), tries, float64(st.ScavengedBytes)/float64(giB))
 	require.NoError(t, busy.Free(ptr))
 }
+
+// The same with default options in both pools: IdleRelease, no floor. The
+// idle pool gives back everything unused once idle for 500 ms, the device
+// having less free than that.
+func TestGPUAnIdlePoolGivesItsMemoryToANewcomerByDefault(t *testing.T) {
+	dev := openGPU(t)
+	if !dev.VMMSupported() {
+		t.Skip("no VMM")
+	}
+	_, total, err := dev.MemGetInfo()
+	require.NoError(t, err)
+	idle, err := New(dev, Options{Backend: BackendVMM})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, idle.Close()) }()
+	var ptrs []uintptr
+	for free := total; free > total/10+giB; {
+		ptr, err := idle.Alloc(giB)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+		free, _, err = dev.MemGetInfo()
+		require.NoError(t, err)
+	}
+	for _, ptr := range ptrs {
+		require.NoError(t, idle.Free(ptr))
+	}
+	held := idle.Stats().Reserved
+	start := time.Now()
+	late, err := New(dev, Options{Backend: BackendVMM})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, late.Close()) }()
+	want := total / 2
+	var ptr uintptr
+	tries := 0
+	for ; tries < 5000; tries++ {
+		if ptr, err = late.Alloc(want); err == nil {
+			break
+		}
+		require.ErrorIs(t, err, ErrOutOfMemory)
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, err, "the idle pool's memory came back")
+	st := idle.Stats()
+	t.Logf("idle pool held %.1f GiB unused; a %.1f GiB request of a newcomer succeeded after %v (%d failed tries); the scavenger returned %.1f GiB",
+		float64(held)/float64(giB), float64(want)/float64(giB), time.Since(start), tries, float64(st.ScavengedBytes)/float64(giB))
+	require.NoError(t, late.Free(ptr))
+}

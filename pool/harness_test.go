@@ -61,9 +61,14 @@ type tester interface {
 // openPool makes a pool on d and, when the test ends, closes it (unless
 // the test did) and checks that it returned every byte to the device and
 // that the device saw no misuse. One pool per Sim process: the leak check
-// looks at the whole process.
+// looks at the whole process. IdleRelease left 0 is off here, so that
+// a test's own calls make every change it checks, however slowly it
+// runs; idle_test.go sets it.
 func openPool(t tester, d testDevice, o Options) *Pool {
 	t.Helper()
+	if o.IdleRelease == 0 {
+		o.IdleRelease = -1
+	}
 	p, err := New(d.Device, o)
 	require.NoError(t, err)
 	t.Cleanup(func() {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"time"
 
 	"github.com/gpumem/tlsf/tlsf"
 )
@@ -152,12 +153,26 @@ type Options struct {
 	// handles per check (64 MiB of one-page handles, up to 4 GiB of 128 MiB
 	// ones); frees that take the pool's lock also check, every
 	// ReleaseCheckInterval of them. Close stops the scavenger. Default 0:
-	// off (no goroutine).
+	// off (the scavenger then runs IdleRelease's rule alone).
 	FreeFloorFraction float64
+	// IdleRelease: a pool that made no allocation or free for this long
+	// returns all the memory it holds unused, when the device's free
+	// memory (cuMemGetInfo, read at most every 100 ms while idle) is less
+	// than that unused memory: another process may be waiting for it, and
+	// this pool is idle. So a job started after another went idle gets
+	// the idle job's memory within about IdleRelease plus the time to
+	// unmap it, with no option set in either (scavenge.go, "Idle": the
+	// pace, the cost, and the case it leaves to FreeFloorFraction). The
+	// idle pool maps memory again when it resumes: its next requests pay
+	// a cold start (tens of ms for 100 GiB of 128 MiB handles on an H200).
+	// Default (0): 500 ms. Negative: never. A pool alone on its GPU that
+	// holds less unused memory than the device has free keeps it.
+	IdleRelease time.Duration
 	// NoScavenger turns the background scavenger off: FreeFloorFraction
-	// is then checked on locked frees only. For tests that need every
-	// driver call made by the caller's own calls (fault injection by call
-	// count, statistics compared with the device's between calls).
+	// is then checked on locked frees only, and IdleRelease never applies.
+	// For tests that need every driver call made by the caller's own calls
+	// (fault injection by call count, statistics compared with the
+	// device's between calls).
 	NoScavenger bool
 
 	// VirtualSize is the size in bytes of a VMM pool's virtual address
@@ -341,6 +356,7 @@ const (
 	defaultCacheMaxSize  = 4 << 10
 	goodFitCacheMaxSize  = 1 << 20
 	defaultCacheFraction = 1.0 / 16
+	defaultIdleRelease   = 500 * time.Millisecond
 )
 
 // withDefaults validates o and fills in defaults.
@@ -392,6 +408,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Cache.Eager && o.Cache.Disable {
 		return o, fmt.Errorf("%w: Cache.Eager and Cache.Disable both set (caches on from the start, and off)", ErrBadOptions)
+	}
+	if o.IdleRelease == 0 {
+		o.IdleRelease = defaultIdleRelease
 	}
 	if o.Cache.MaxSize == 0 {
 		o.Cache.MaxSize = defaultCacheMaxSize

@@ -143,7 +143,8 @@ type Pool struct {
 	// only: startOver checks everything itself.
 	mayEmpty atomic.Uint32
 	full     fullDevice // a device found full, and the limit it set (share.go)
-	scav     *scavenger // nil unless FreeFloorFraction is set (scavenge.go)
+	scav     *scavenger // nil where no rule applies (startScavenger)
+	idle     idleWatch  // IdleRelease's view of the pool (scavenge.go)
 }
 
 // counters are the pool's statistics kept under its lock.

@@ -134,7 +134,18 @@ func TestCloseStopsTheScavenger(t *testing.T) {
 
 	q, err := New(sim.New(sim.Config{Capacity: giB}), Options{})
 	require.NoError(t, err)
-	require.Nil(t, q.scav, "no goroutine without FreeFloorFraction")
+	require.NotNil(t, q.scav, "IdleRelease's rule runs by default")
+	require.NoError(t, q.Close())
+	<-q.scav.done
+
+	q, err = New(sim.New(sim.Config{Capacity: giB}), Options{IdleRelease: -1})
+	require.NoError(t, err)
+	require.Nil(t, q.scav, "no goroutine without FreeFloorFraction and IdleRelease")
+	require.NoError(t, q.Close())
+
+	q, err = New(sim.New(sim.Config{Capacity: giB}), Options{Passthrough: true})
+	require.NoError(t, err)
+	require.Nil(t, q.scav, "passthrough holds nothing unused")
 	require.NoError(t, q.Close())
 
 	r, err := New(sim.New(sim.Config{Capacity: giB}), Options{FreeFloorFraction: 0.1, NoScavenger: true})

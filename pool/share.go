@@ -51,7 +51,7 @@ package pool
 //     cuMemGetInfo reports room (fullFor, below).
 //
 // Unused memory goes back to other processes when they need it through
-// FreeFloorFraction, Trim, or a background scavenger, not on every error.
+// FreeFloorFraction, IdleRelease (the background scavenger) or Trim, not on every error.
 
 import (
 	"math"

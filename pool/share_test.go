@@ -152,8 +152,8 @@ func TestKProcessesGetEqualShares(t *testing.T) {
 }
 
 // A process that went idle holding unused memory (no cap) starves a
-// neighbour until that memory is returned (Trim here; a scavenger in the
-// background later). The neighbour's failures are clean and cheap, and
+// neighbour until that memory is returned (Trim here, IdleRelease off;
+// idle_test.go has the scavenger's rule). The neighbour's failures are clean and cheap, and
 // its first request after the return succeeds: the remembered failure
 // does not outlive the memory coming back.
 func TestAnIdleNeighboursMemoryServesAfterItIsReturned(t *testing.T) {

@@ -98,7 +98,8 @@ type Stats struct {
 	// fits nowhere in it) counts in both.
 	RecycledBytes uint64
 	// ScavengedBytes is the device memory the background scavenger
-	// returned because the device ran low (FreeFloorFraction; included in
+	// returned because the device ran low (FreeFloorFraction) or the pool
+	// was idle with less free on the device (IdleRelease; included in
 	// ReleasedBytes), in bytes since New.
 	ScavengedBytes uint64
 	// OutOfMemory counts requests that failed with ErrOutOfMemory;
