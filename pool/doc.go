@@ -209,7 +209,12 @@
 // All methods of a Pool are safe for concurrent use. A pointer is freed
 // once, with the pool that returned it (Free(0) is a no-op, as
 // cudaFree(NULL) is); errors are errors.Is sentinels
-// (errors.go), and after any error the pool's state and statistics are as
-// before. Close returns all memory, live allocations included. Check
-// verifies every invariant and is meant for tests.
+// (errors.go). After an error every live allocation is as it was and so
+// are the pool's state and statistics, with the exceptions listed at the
+// top of errors.go: the counters of device calls, out-of-memory events
+// and retries; caches emptied and memory released or moved by the
+// out-of-memory path before it fails; the growth kept by a guard-mode
+// red-zone fill that failed; and what a Trim failing midway did before
+// the failure. Close returns all memory, live allocations included.
+// Check verifies every invariant and is meant for tests.
 package pool
