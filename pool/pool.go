@@ -168,14 +168,32 @@ type counters struct {
 	scavenged       uint64                 // bytes the scavenger returned
 }
 
-// New makes a pool on dev. It queries the device's memory, reserves the
-// virtual range of a VMM pool (cuMemAddressReserve) and, with
-// InitialFraction, the initial memory.
+// New makes a pool on dev. It queries the device's memory
+// (cuMemGetInfo), reserves the virtual range of a VMM pool
+// (cuMemGetAllocationGranularity, cuMemAddressReserve), grants the
+// devices of Options.PeerAccess access (cuDeviceCanAccessPeer, then
+// cuCtxEnablePeerAccess or cuMemSetAccess) and, with InitialFraction,
+// reserves the initial memory (cuMemCreate, cuMemMap and cuMemSetAccess,
+// or cuMemAlloc). A failed New frees the memory and the address range it
+// took.
 //
-// Errors: ErrBadOptions (an option out of range, a nil device, a pooled
-// backend's cap, MaxBytes or MaxFraction's, below the allocation
-// granularity, MaxBytes below the initial reserve), device errors from
-// the calls above.
+// Errors:
+//   - ErrBadOptions: an option out of range (Options says which); a nil
+//     device; BackendVMM on a device without virtual memory management;
+//     Guard on a device without byte fills (device.ByteSetter) or, for a
+//     simulated device, without shadow memory; a pooled backend's cap
+//     (MaxBytes or MaxFraction's) below the allocation granularity;
+//     MaxBytes, or a VMM pool's VirtualSize, below the initial reserve.
+//   - ErrNoPeerAccess: a device of Options.PeerAccess cannot access dev
+//     (dev is not a device.PeerAccessor, or cuDeviceCanAccessPeer says
+//     no); the message names the pair.
+//   - ErrOutOfMemory, also wrapping device.ErrOutOfMemory: the device
+//     refused the initial reserve, or a VMM pool's virtual range
+//     (cuMemAddressReserve), for want of memory.
+//   - The device's error (device.Err* sentinels, *device.Error) where a
+//     driver call above failed for another reason, such as
+//     device.ErrNoDevice for an unknown ordinal in Options.PeerAccess
+//     (wrapped with the pair).
 func New(dev device.Device, opts Options) (*Pool, error) {
 	p, err := newPool(dev, opts)
 	if err != nil {
@@ -255,6 +273,9 @@ func newPool(dev device.Device, opts Options) (*Pool, error) {
 		}
 		h, err := newVMMHeap(p.dev, p.x, o.VirtualSize, total)
 		if err != nil {
+			if isOOM(err) {
+				return nil, fmt.Errorf("%w: %w", ErrOutOfMemory, err)
+			}
 			return nil, err
 		}
 		p.heap, p.vmm = h, h
@@ -291,12 +312,21 @@ func newPool(dev device.Device, opts Options) (*Pool, error) {
 			_ = p.heap.close()
 			return nil, fmt.Errorf("%w: MaxBytes %d is below the initial reserve of %d bytes", ErrBadOptions, o.MaxBytes, initial)
 		}
+		if p.vmm != nil && initial > p.vmm.vsize {
+			_ = p.heap.close()
+			return nil, fmt.Errorf("%w: VirtualSize %d (rounded up to %d bytes) is below the initial reserve of %d bytes (InitialFraction %v of %d free)", ErrBadOptions, o.VirtualSize, p.vmm.vsize, initial, o.InitialFraction, free)
+		}
 		if initial > 0 {
 			p.setFine(initial)
 			err := p.heap.grow(initial, initial)
 			p.noteMapping()
 			if err != nil {
 				_ = p.heap.close()
+				if isOOM(err) {
+					// Wraps both: the pool's sentinel, as every failure
+					// for want of memory, and the driver's.
+					return nil, fmt.Errorf("%w: initial reserve of %d bytes: %w", ErrOutOfMemory, initial, err)
+				}
 				return nil, fmt.Errorf("pool: initial reserve of %d bytes: %w", initial, err)
 			}
 			p.c.grows++

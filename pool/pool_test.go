@@ -336,6 +336,52 @@ func TestNewWithAnInitialReserveBeyondTheCapIsRefused(t *testing.T) {
 	require.Zero(t, sd.Stats().Reservations)
 }
 
+// A VMM pool whose VirtualSize is below its initial reserve could never
+// map that reserve: New refuses the options, rather than fail the
+// reserve with ErrTooLarge.
+func TestNewWithAnInitialReserveBeyondTheVirtualRangeIsRefused(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB})
+	_, err := New(sd, Options{Backend: BackendVMM, InitialFraction: 0.5, VirtualSize: 64 * miB})
+	require.ErrorIs(t, err, ErrBadOptions)
+	require.NotErrorIs(t, err, ErrTooLarge)
+	require.Contains(t, err.Error(), "VirtualSize")
+	require.Zero(t, sd.Mapped(), "a refused New holds nothing")
+	require.Zero(t, sd.Stats().Reservations)
+	require.NoError(t, sd.Check())
+	// A range that holds the reserve is accepted.
+	p, err := New(sd, Options{Backend: BackendVMM, InitialFraction: 0.5, VirtualSize: 512 * miB})
+	require.NoError(t, err)
+	require.NoError(t, p.Close())
+}
+
+// A device that refuses New's memory for want of it fails New with the
+// pool's ErrOutOfMemory, which wraps the driver's device.ErrOutOfMemory
+// (errors.go: every failure for want of memory matches ErrOutOfMemory).
+func TestNewOutOfDeviceMemoryIsErrOutOfMemory(t *testing.T) {
+	cases := []struct {
+		name string
+		be   Backend
+		call device.Call
+	}{
+		{"initial reserve, VMM", BackendVMM, device.CallMemCreate},
+		{"initial reserve, chunks", BackendChunks, device.CallMemAlloc},
+		{"virtual range", BackendVMM, device.CallAddressReserve},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			sd := sim.New(sim.Config{Capacity: giB})
+			sd.FailRate(c.call, 1, device.ErrOutOfMemory)
+			_, err := New(sd, Options{Backend: c.be, InitialFraction: 0.25})
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			require.ErrorIs(t, err, device.ErrOutOfMemory)
+			require.Zero(t, sd.Mapped(), "a failed New holds nothing")
+			st := sd.Stats()
+			require.Zero(t, st.Used)
+			require.Zero(t, st.Reservations)
+		})
+	}
+}
+
 // An aligned search needs a free block of the size class of the request
 // plus the alignment's padding: growth must make that much room, even
 // when the request fills a granule, a chunk, or the free tail exactly.
