@@ -4,7 +4,8 @@ import "errors"
 
 // Sentinel errors. Every error a Pool returns wraps one of these (test
 // with errors.Is), or, where the driver failed for a reason other than
-// memory, the driver's error (device.Err* sentinels, *device.Error).
+// memory, the driver's error (device.Err* sentinels, *device.Error), or,
+// for a broken invariant that Check found, tlsf.ErrCorrupt.
 // After an error every live allocation is as it was and
 // so are the statistics, apart from the counters of device calls,
 // out-of-memory events and retries, and except that the out-of-memory

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 
@@ -179,8 +180,21 @@ func (p *Pool) statsLocked() Stats {
 // the index's own (tlsf.Index.Check); every allocated block of the index
 // is live, pending or cached in exactly one place; the statistics equal
 // what a walk finds; reserved memory covers the index's blocks in use; the
-// fast paths' gate matches the pool's state (Pool.gate). It takes the
-// lock and walks every block: meant for tests.
+// fast paths' gate matches the pool's state (Pool.gate); in guard mode,
+// every live block's red zone. It takes the lock and walks every block
+// (in guard mode it also synchronizes the streams of live blocks and
+// reads their red zones: cuStreamSynchronize, cuMemcpyDtoH): meant for
+// tests. Safe for concurrent use.
+//
+// Errors:
+//   - ErrClosed: the pool is closed.
+//   - tlsf.ErrCorrupt: a broken invariant of the pool's bookkeeping or of
+//     its index (a bug in the pool, never misuse); the message names it.
+//   - ErrCorrupted: guard mode (Options.Guard) found a live block's red
+//     zone changed; the message names the block of lowest address and
+//     how many more there are.
+//   - The device's error where guard mode's synchronization or read of a
+//     red zone failed.
 func (p *Pool) Check() error {
 	p.lockAside()
 	defer p.unlockAside()
@@ -188,10 +202,10 @@ func (p *Pool) Check() error {
 		return ErrClosed
 	}
 	if err := p.checkPaths(); err != nil {
-		return err
+		return invariantBroken(err)
 	}
 	if err := p.checkGate(); err != nil {
-		return err
+		return invariantBroken(err)
 	}
 	if p.dbg != nil {
 		if err := p.dbg.guardCheck(); err != nil {
@@ -208,8 +222,8 @@ func (p *Pool) Check() error {
 			sum += n
 		}
 		if sum != p.pt.reserved || rounded != p.c.allocated || int64(len(p.pt.live)) != p.c.allocations {
-			return fmt.Errorf("pool: passthrough accounting: live %d bytes (%d rounded) in %d, reserved %d, allocated %d in %d",
-				sum, rounded, len(p.pt.live), p.pt.reserved, p.c.allocated, p.c.allocations)
+			return invariantBroken(fmt.Errorf("pool: passthrough accounting: live %d bytes (%d rounded) in %d, reserved %d, allocated %d in %d",
+				sum, rounded, len(p.pt.live), p.pt.reserved, p.c.allocated, p.c.allocations))
 		}
 		return nil
 	}
@@ -242,38 +256,56 @@ func (p *Pool) Check() error {
 		return true
 	})
 	if bad != nil {
-		return bad
+		return invariantBroken(bad)
 	}
 	if p.dbg != nil && red != p.c.redPending {
-		return fmt.Errorf("pool: pending blocks' red zones %d bytes by walk, %d by counter", red, p.c.redPending)
+		return invariantBroken(fmt.Errorf("pool: pending blocks' red zones %d bytes by walk, %d by counter", red, p.c.redPending))
 	}
 	if n := p.ss.pendingCount(); int64(n) != nPending {
-		return fmt.Errorf("pool: %d blocks pending in the index, %d in stream sets", nPending, n)
+		return invariantBroken(fmt.Errorf("pool: %d blocks pending in the index, %d in stream sets", nPending, n))
 	}
 	s := p.statsLocked()
 	if p.cache != nil {
 		if err := p.cache.check(); err != nil {
-			return err
+			return invariantBroken(err)
 		}
 	}
 	// Blocks handed out by caches are cached in the index's view and live
 	// in the caches' counters.
 	cacheLive, cacheLiveN := s.Allocated-p.c.allocated, s.Allocations-p.c.allocations
 	if s.Allocated != live+cacheLive || s.Allocations != nLive+cacheLiveN || cached != s.Cached+cacheLive {
-		return fmt.Errorf("pool: allocated %d bytes in %d by walk (+%d in %d from caches), %d in %d by counters", live, nLive, cacheLive, cacheLiveN, s.Allocated, s.Allocations)
+		return invariantBroken(fmt.Errorf("pool: allocated %d bytes in %d by walk (+%d in %d from caches), %d in %d by counters", live, nLive, cacheLive, cacheLiveN, s.Allocated, s.Allocations))
 	}
 	if s.Active != live+cacheLive+pending || s.Pending != pending || s.PendingBlocks != nPending {
-		return fmt.Errorf("pool: active %d (pending %d in %d) by walk, %d (%d in %d) by counters",
-			live+cacheLive+pending, pending, nPending, s.Active, s.Pending, s.PendingBlocks)
+		return invariantBroken(fmt.Errorf("pool: active %d (pending %d in %d) by walk, %d (%d in %d) by counters",
+			live+cacheLive+pending, pending, nPending, s.Active, s.Pending, s.PendingBlocks))
 	}
 	if st := p.x.Stats(); st.Allocated != live+pending+cached {
-		return fmt.Errorf("pool: index allocated %d bytes, owners hold %d", st.Allocated, live+pending+cached)
+		return invariantBroken(fmt.Errorf("pool: index allocated %d bytes, owners hold %d", st.Allocated, live+pending+cached))
 	}
 	if h := p.vmm; h != nil {
-		return h.check()
+		if err := h.check(); err != nil {
+			return invariantBroken(err)
+		}
 	}
 	return nil
 }
+
+// invariantBroken marks err, a broken invariant of the pool's bookkeeping
+// that Check found, as matching tlsf.ErrCorrupt, the index's sentinel for
+// a broken invariant; its message stays err's.
+func invariantBroken(err error) error {
+	if errors.Is(err, tlsf.ErrCorrupt) {
+		return err
+	}
+	return invariantError{err}
+}
+
+// invariantError is invariantBroken's error.
+type invariantError struct{ err error }
+
+func (e invariantError) Error() string   { return e.err.Error() }
+func (e invariantError) Unwrap() []error { return []error{tlsf.ErrCorrupt, e.err} }
 
 // NumSizeBuckets is the number of power-of-two size buckets of
 // Stats.AllocsBySize: one per bit length of a 64-bit size, plus one.
