@@ -1830,8 +1830,12 @@ func sizeString(n uint64) string {
 // the default stream, and returns the pointer and the row pitch in bytes:
 // the pitch cuMemAllocPitch would return (widthBytes rounded up to the
 // driver's pitch unit, 512 bytes on an H200, found by asking the driver
-// once). The pointer is aligned to that unit. Statistics count
-// pitch × height bytes.
+// once). The pointer is aligned to that unit. Statistics (Allocated,
+// Active) count the allocation at its block size, as Stats.Allocated
+// says: pitch × height rounded up to its size class, in every backend
+// (where the pitch unit is 256 bytes or less, a pooled backend's block is
+// pitch × height rounded up to 256 bytes instead). A passthrough pool's
+// Reserved counts pitch × height, what the driver allocated.
 //
 // Errors: ErrInvalidSize (zero width or height), ErrTooLarge (pitch ×
 // height overflows or exceeds tlsf.MaxSize), and those of Alloc.
