@@ -50,11 +50,16 @@ var (
 	ErrTooLarge = errors.New("pool: size too large")
 	// ErrDoubleFree: the pointer was freed already. A pointer that lies
 	// in the free space of a pooled backend's index may also be one the
-	// pool never returned: that error matches ErrUnknownPointer too.
+	// pool never returned: that error matches ErrUnknownPointer too, and
+	// the index's tlsf.ErrDoubleFree (Free, FreeOn, FreeSized, FreeSizedOn,
+	// Size, RecordStream).
 	ErrDoubleFree = errors.New("pool: double free")
 	// ErrUnknownPointer: the pointer is not one the pool returned: foreign,
 	// or inside an allocation but not its start (see ErrDoubleFree for
-	// pointers into free space).
+	// pointers into free space). Where a pooled backend's index found no
+	// block there (outside its regions, or inside an allocated block), the
+	// error also matches the index's tlsf.ErrUnknownAddress (Free, FreeOn,
+	// FreeSized, FreeSizedOn, Size, RecordStream).
 	ErrUnknownPointer = errors.New("pool: unknown pointer")
 	// ErrClosed: the pool was closed.
 	ErrClosed = errors.New("pool: closed")

@@ -1921,10 +1921,20 @@ func (p *Pool) Free(ptr uintptr) error { return p.FreeOn(ptr, 0) }
 // A ptr of 0 is a no-op that returns nil, as cuMemFree(0) and
 // cudaFree(NULL) are, even on a closed pool.
 //
+// In guard mode (Options.Guard) FreeOn blocks: before it frees a block
+// with a red zone it synchronizes s when s is not 0, and the stream the
+// block was allocated on when that is another (cuStreamSynchronize,
+// without the pool's lock), then reads the red zone back (cuMemcpyDtoH).
+//
 // Errors: ErrDoubleFree, ErrUnknownPointer (foreign, or inside an
-// allocation), ErrClosed, ErrCorrupted (guard mode: the block's red zone
-// was overwritten); device errors from recording the free's event. s is
-// not validated, as in AllocOn. Safe for concurrent use, as every method.
+// allocation; from a pooled backend these may also match
+// tlsf.ErrDoubleFree or tlsf.ErrUnknownAddress: see ErrDoubleFree and
+// ErrUnknownPointer), ErrClosed, ErrCorrupted (guard mode: the block's
+// red zone was overwritten; the block stays allocated, its zone filled
+// again, so that a second free frees it); device errors from recording
+// the free's event, and in guard mode from synchronizing the streams or
+// reading the red zone (the block stays allocated). s is not validated,
+// as in AllocOn. Safe for concurrent use, as every method.
 func (p *Pool) FreeOn(ptr uintptr, s device.Stream) error { return p.freeOn(ptr, 0, s, true) }
 
 // freeLayered is a caller's free (FreeOn, FreeSizedOn) of a null pointer,
@@ -2460,8 +2470,13 @@ func (p *Pool) Trim() (uint64, error) {
 // It does not wait for work still queued on live allocations (it
 // synchronizes only the streams that freed memory): finish that work
 // first (cuStreamSynchronize, cuCtxSynchronize), as before freeing them.
-// Every later call returns ErrClosed. Errors: ErrClosed (closed already),
-// device errors (the pool is closed regardless).
+// After Close every method that returns an error returns ErrClosed,
+// except that a free of a null pointer (Free(0), FreeOn(0, s),
+// FreeSized(0, n), FreeSizedOn(0, n, s)) still returns nil, and an
+// AllocPitch with a zero width or height still returns ErrInvalidSize;
+// ResetPeaks does nothing; Stats (as its doc says), History, PeerAccess,
+// Backend and Device still answer. Errors: ErrClosed (closed already), device
+// errors (the pool is closed regardless).
 func (p *Pool) Close() error {
 	p.scav.halt() // before the lock: the scavenger may be waiting for it
 	p.mu.Lock()
