@@ -71,7 +71,9 @@ type Device interface {
 	MemRelease(h MemHandle) error
 	// MemMap maps the whole of physical allocation h (size bytes, offset 0)
 	// at ptr inside a reservation (cuMemMap). Access must then be granted
-	// with MemSetAccess.
+	// with MemSetAccess. A size below h's (part of a handle) is
+	// ErrNotSupported, as the driver answers it; a range outside a
+	// reservation or already mapped is ErrInvalidValue.
 	MemMap(ptr uintptr, size uint64, h MemHandle) error
 	// MemUnmap unmaps [ptr, ptr+size) (cuMemUnmap). It does not wait for
 	// the GPU: the caller must know no work still uses the range.

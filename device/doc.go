@@ -27,7 +27,10 @@
 //     unknown pointers, streams, events or handles);
 //   - ErrOutOfMemory when the device cannot back an allocation, a
 //     physical handle or (async) a pool growth; nothing is left allocated;
-//   - ErrNotSupported for VMM or memory pools on a device without them;
+//   - ErrNotSupported for VMM or memory pools on a device without them,
+//     for mapping part of a physical handle (cuMemMap with a size below
+//     the handle's: the driver maps whole handles only), and for peer
+//     access between devices that have no peer path;
 //   - ErrNoDriver / ErrNoDevice when opening fails;
 //   - ErrIllegalAddress for an access to memory that is not mapped; on a
 //     real GPU this error is sticky and ends the context.

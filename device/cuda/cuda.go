@@ -75,7 +75,7 @@ type Device struct {
 	ordinal int
 	dev     int32   // CUdevice
 	ctx     uintptr // CUcontext
-	owned   bool    // ctx is the primary context, retained by CUDA
+	owned   bool    // ctx is the primary context, retained by Open
 
 	// Attributes read once when the device is opened.
 	name       string
@@ -99,7 +99,7 @@ type Device struct {
 
 var _ device.Device = (*Device)(nil)
 
-// CUDA opens device ordinal (0-based) on its primary context, retained
+// Open opens device ordinal (0-based) on its primary context, retained
 // with cuDevicePrimaryCtxRetain and released by Close. It loads and
 // initialises the driver on first use.
 //
@@ -126,10 +126,10 @@ func Open(ordinal int) (*Device, error) {
 
 // WithContext opens device ordinal on ctx, a CUcontext the caller made
 // (with cgo, gorgonia.org/cu or any other binding) and keeps alive until
-// after Close; Close does not destroy it. The context must belong to the
-// cuda: WithContext checks with cuCtxGetDevice.
+// after Close; Close does not destroy it. The context must belong to
+// device ordinal: WithContext checks with cuCtxGetDevice.
 //
-// Errors: as for CUDA, and ErrInvalidValue when ctx is 0 or belongs to
+// Errors: as for Open, and ErrInvalidValue when ctx is 0 or belongs to
 // another device. Safe for concurrent use.
 func WithContext(ordinal int, ctx uintptr) (*Device, error) {
 	drv, dev, err := cuDeviceAt(ordinal)
@@ -427,12 +427,14 @@ func (d *Device) MemcpyDtoH(dst []byte, src uintptr) error {
 	return d.do(device.CallMemcpyDtoH, &d.drv.cuMemcpyDtoH, uintptr(unsafe.Pointer(&dst[0])), src, uintptr(len(dst)))
 }
 
-// Close releases the primary context retained by CUDA
-// (cuDevicePrimaryCtxRelease_v2); for WithContext it releases nothing.
-// It waits for method calls in flight; later calls fail. Memory, streams
-// and events the caller made are not freed; when the last reference to the
-// primary context goes, the driver destroys it and them. A second Close
-// returns nil. Errors: the *Error of the release.
+// Close releases the primary context retained by Open
+// (cuDevicePrimaryCtxRelease_v2; for WithContext it releases none) and
+// the peers' primary contexts EnablePeerAccess retained. It waits for
+// method calls in flight; later calls that would call the driver fail
+// with an error wrapping ErrInvalidValue. Memory, streams and events the
+// caller made are not freed; when the last reference to the primary
+// context goes, the driver destroys it and them. A second Close returns
+// nil. Errors: the *Error of each release that failed (errors.Join).
 func (d *Device) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()

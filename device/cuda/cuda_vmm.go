@@ -135,8 +135,10 @@ func (d *Device) MemRelease(h device.MemHandle) error {
 
 // MemMap maps the whole of physical allocation h, size bytes from offset
 // 0, at ptr inside a reservation (cuMemMap, flags 0). Access must then be
-// granted with MemSetAccess. Errors: ErrInvalidValue for a range outside a
-// reservation, already mapped, or of another size than h.
+// granted with MemSetAccess. Errors: ErrNotSupported for a size below
+// h's, part of a handle (driver 580 answers CUDA_ERROR_NOT_SUPPORTED);
+// ErrInvalidValue for a range outside a reservation or already mapped, a
+// size above h's, or an unknown handle.
 func (d *Device) MemMap(ptr uintptr, size uint64, h device.MemHandle) error {
 	return d.do(device.CallMemMap, &d.drv.cuMemMap, ptr, uintptr(size), 0, uintptr(h), 0)
 }
