@@ -7,6 +7,7 @@ package cuda
 // support on the device, every method fails with ErrNotSupported.
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
 
@@ -16,8 +17,12 @@ import (
 var _ device.AsyncAllocator = (*Device)(nil)
 
 // defaultMemPool returns the device's default CUmemoryPool, looking it up
-// on first use (cuDeviceGetDefaultMemPool, not counted).
+// on first use (cuDeviceGetDefaultMemPool, not counted). After Close it
+// returns errCUDAClosed, and makes no driver call.
 func (d *Device) defaultMemPool() (uintptr, error) {
+	if err := d.closedErr(); err != nil {
+		return 0, err
+	}
 	d.memPoolOnce.Do(func() {
 		drv := d.drv
 		for _, s := range []*cuSym{&drv.cuMemAllocAsync, &drv.cuMemFreeAsync, &drv.cuDeviceGetDefaultMemPool,
@@ -27,7 +32,16 @@ func (d *Device) defaultMemPool() (uintptr, error) {
 				return
 			}
 		}
-		if ok, err := d.attribute(cuAttrMemoryPools); err != nil || ok == 0 {
+		var ok int32
+		err := d.whileOpen(func() (err error) {
+			ok, err = d.attribute(cuAttrMemoryPools)
+			return err
+		})
+		if errors.Is(err, errCUDAClosed) {
+			d.memPoolErr = err // closed meanwhile: every later call fails so
+			return
+		}
+		if err != nil || ok == 0 {
 			d.memPoolErr = fmt.Errorf("device: %v has no memory pools (CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED): %w", d, device.ErrNotSupported)
 			return
 		}

@@ -123,6 +123,11 @@ const noCall device.Call = -1
 // does. Errors: ErrNotSupported (no such entry points), the *Error of
 // loading the module (CUDA_ERROR_INVALID_PTX, …) or of the launch.
 func (d *Device) StoreByte(ptr uintptr, value byte, s device.Stream) error {
+	// Closed: fail before the module's once, whose error the context's
+	// entry would keep (kernelModules).
+	if err := d.closedErr(); err != nil {
+		return err
+	}
 	e := d.ext()
 	if e.cuModuleLoadData.addr == 0 || e.cuModuleGetFunction.addr == 0 || e.cuLaunchKernel.addr == 0 {
 		return errNoKernelEntry

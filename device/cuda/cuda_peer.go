@@ -25,27 +25,64 @@ var _ device.PeerAccessor = (*Device)(nil)
 const cuResultPeerAlreadyEnabled = 704
 
 // CanAccessPeer reports whether device peer can access this device's
-// memory (cuDeviceCanAccessPeer(&ok, peer, this); no context needed, not
-// counted). A device always reaches its own memory. Errors: ErrNoDevice
-// for an unknown ordinal.
+// memory (cuDeviceGet, then cuDeviceCanAccessPeer(&ok, peer, this); no
+// context needed, not counted). A device always reaches its own memory,
+// even after Close. Errors: ErrNoDevice for an unknown ordinal; after
+// Close, an error wrapping ErrInvalidValue (no driver call).
 func (d *Device) CanAccessPeer(peer int) (bool, error) {
 	if peer == d.ordinal {
 		return true, nil
 	}
-	_, pdev, err := cuDeviceAt(peer)
-	if err != nil {
-		return false, err
-	}
 	var ok int32
-	r := d.drv.cuDeviceCanAccessPeer.call(uintptr(unsafe.Pointer(&ok)), uintptr(pdev), uintptr(d.dev))
-	if err := d.drv.check(&d.drv.cuDeviceCanAccessPeer, r); err != nil {
+	err := d.whileOpen(func() error {
+		_, pdev, err := cuDeviceAt(peer)
+		if err != nil {
+			return err
+		}
+		r := d.drv.cuDeviceCanAccessPeer.call(uintptr(unsafe.Pointer(&ok)), uintptr(pdev), uintptr(d.dev))
+		return d.drv.check(&d.drv.cuDeviceCanAccessPeer, r)
+	})
+	if err != nil {
 		return false, err
 	}
 	return ok != 0, nil
 }
 
-// peerContext returns peer's primary context, retaining it on first use.
-func (d *Device) peerContext(pdev int32) (uintptr, error) {
+// whileOpen runs f, which makes driver calls outside exec, with Close
+// held off; after Close it returns errCUDAClosed without running f. f
+// must not call exec (the read lock is not reentrant while Close waits).
+func (d *Device) whileOpen(f func() error) error {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		return errCUDAClosed
+	}
+	return f()
+}
+
+// closedErr returns errCUDAClosed after Close, else nil.
+func (d *Device) closedErr() error {
+	return d.whileOpen(func() error { return nil })
+}
+
+// peerContext returns the primary context of device ordinal peer
+// (cuDeviceGet), retaining it on first use. After Close it calls nothing
+// and returns errCUDAClosed: Close released the peers' contexts
+// (releasePeers) and would not release one retained later.
+func (d *Device) peerContext(peer int) (ctx uintptr, err error) {
+	err = d.whileOpen(func() error {
+		_, pdev, err := cuDeviceAt(peer)
+		if err != nil {
+			return err
+		}
+		ctx, err = d.peerContextLocked(pdev)
+		return err
+	})
+	return ctx, err
+}
+
+// peerContextLocked is peerContext with d.mu read-held and d open.
+func (d *Device) peerContextLocked(pdev int32) (uintptr, error) {
 	d.peerMu.Lock()
 	defer d.peerMu.Unlock()
 	if ctx, ok := d.peerCtx[pdev]; ok {
@@ -79,7 +116,10 @@ func (d *Device) releasePeers() error {
 // primary context current. Enabling it again
 // (CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED), or for this device, does
 // nothing. Errors: ErrNoDevice (unknown ordinal); ErrNotSupported when
-// cuDeviceCanAccessPeer says no (the message names the pair).
+// cuDeviceCanAccessPeer says no (the message names the pair); the *Error
+// of cuDevicePrimaryCtxRetain or cuCtxEnablePeerAccess; after Close, an
+// error wrapping ErrInvalidValue, with no driver call and no context
+// retained.
 func (d *Device) EnablePeerAccess(peer int) error {
 	if peer == d.ordinal {
 		return nil
@@ -91,11 +131,7 @@ func (d *Device) EnablePeerAccess(peer int) error {
 	if !ok {
 		return fmt.Errorf("device: CUDA device %d cannot access device %d (cuDeviceCanAccessPeer): %w", peer, d.ordinal, device.ErrNotSupported)
 	}
-	_, pdev, err := cuDeviceAt(peer)
-	if err != nil {
-		return err
-	}
-	pctx, err := d.peerContext(pdev)
+	pctx, err := d.peerContext(peer)
 	if err != nil {
 		return err
 	}
@@ -110,27 +146,35 @@ func (d *Device) EnablePeerAccess(peer int) error {
 // read-write access to the mapped range [ptr, ptr+size): cuMemSetAccess
 // with one CUmemAccessDesc (CU_MEM_LOCATION_TYPE_DEVICE, PROT_READWRITE)
 // per distinct device. Errors: ErrNoDevice for an unknown ordinal;
-// ErrInvalidValue for a range not wholly mapped; the driver's error for a
-// device that cannot reach this one.
+// ErrInvalidValue for a range not wholly mapped; for a device that cannot
+// reach this one, the driver's error as cuMemSetAccess returns it (no
+// check of cuDeviceCanAccessPeer first); after Close, an error wrapping
+// ErrInvalidValue (no driver call).
 func (d *Device) MemSetAccessPeers(ptr uintptr, size uint64, peers []int) error {
 	descs := []cuMemAccessDesc{{
 		location: cuMemLocation{typ: cuMemLocationDevice, id: d.dev},
 		flags:    cuMemAccessReadWrite,
 	}}
 	seen := map[int32]bool{d.dev: true}
-	for _, p := range peers {
-		_, pdev, err := cuDeviceAt(p)
-		if err != nil {
-			return err
+	err := d.whileOpen(func() error {
+		for _, p := range peers {
+			_, pdev, err := cuDeviceAt(p)
+			if err != nil {
+				return err
+			}
+			if seen[pdev] {
+				continue
+			}
+			seen[pdev] = true
+			descs = append(descs, cuMemAccessDesc{
+				location: cuMemLocation{typ: cuMemLocationDevice, id: pdev},
+				flags:    cuMemAccessReadWrite,
+			})
 		}
-		if seen[pdev] {
-			continue
-		}
-		seen[pdev] = true
-		descs = append(descs, cuMemAccessDesc{
-			location: cuMemLocation{typ: cuMemLocationDevice, id: pdev},
-			flags:    cuMemAccessReadWrite,
-		})
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	return d.do(device.CallMemSetAccess, &d.drv.cuMemSetAccess, ptr, uintptr(size), uintptr(unsafe.Pointer(&descs[0])), uintptr(len(descs)))
 }
