@@ -20,8 +20,13 @@ type PeerAccessor interface {
 	EnablePeerAccess(peer int) error
 	// MemSetAccessPeers grants this device and each of peers read-write
 	// access to the mapped range [ptr, ptr+size) (cuMemSetAccess, one
-	// CUmemAccessDesc per device). Errors: as MemSetAccess; ErrNoDevice;
-	// ErrNotSupported for a peer that cannot reach this device.
+	// CUmemAccessDesc per device). Errors: as MemSetAccess; ErrNoDevice
+	// for an unknown ordinal. For a peer that cannot reach this device the
+	// answer depends on the implementation: sim.Device returns
+	// ErrNotSupported and grants nothing; cuda.Device does not ask
+	// cuDeviceCanAccessPeer first and returns cuMemSetAccess's own error,
+	// whatever its code. Callers that need one answer check CanAccessPeer
+	// first, as package pool does.
 	MemSetAccessPeers(ptr uintptr, size uint64, peers []int) error
 	// MemcpyDtoDAsync copies n bytes from src to dst on stream s of this
 	// device (cuMemcpyDtoDAsync_v2); either side may be a peer's memory
