@@ -126,22 +126,33 @@ type Device interface {
 // Sentinel errors. Driver errors wrap the sentinel matching their code
 // where one exists.
 var (
-	// ErrNoDriver: libcuda.so.1 could not be loaded or initialised.
+	// ErrNoDriver: libcuda.so.1 could not be loaded or initialised; also
+	// the driver's CUDA_ERROR_NOT_INITIALIZED (3), CUDA_ERROR_DEINITIALIZED
+	// (4, the driver is shutting down) and CUDA_ERROR_STUB_LIBRARY (34,
+	// libcuda.so.1 is the toolkit's stub, not a driver).
 	ErrNoDriver = errors.New("device: CUDA driver not available (libcuda.so.1)")
-	// ErrOutOfMemory: CUDA_ERROR_OUT_OF_MEMORY, or the simulated capacity
-	// is exhausted.
+	// ErrOutOfMemory: CUDA_ERROR_OUT_OF_MEMORY (2), or the simulated
+	// capacity is exhausted.
 	ErrOutOfMemory = errors.New("device: out of memory")
-	// ErrInvalidValue: CUDA_ERROR_INVALID_VALUE, or an argument the
-	// simulated device rejects (zero size, misalignment, unknown pointer).
+	// ErrInvalidValue: CUDA_ERROR_INVALID_VALUE (1) or
+	// CUDA_ERROR_INVALID_HANDLE (400: a stream, event or handle the
+	// driver does not know), or an argument the simulated device rejects
+	// (zero size, misalignment, unknown pointer); also a call on a closed
+	// device.
 	ErrInvalidValue = errors.New("device: invalid value")
-	// ErrNotSupported: CUDA_ERROR_NOT_SUPPORTED, e.g. VMM on a device
-	// without it.
+	// ErrNotSupported: CUDA_ERROR_NOT_SUPPORTED (801), e.g. VMM on a
+	// device without it or cuMemMap of part of a handle, and
+	// CUDA_ERROR_PEER_ACCESS_UNSUPPORTED (217).
 	ErrNotSupported = errors.New("device: not supported")
-	// ErrNoDevice: the ordinal names no device (CUDA_ERROR_INVALID_DEVICE
-	// or CUDA_ERROR_NO_DEVICE).
+	// ErrNoDevice: the ordinal names no device (CUDA_ERROR_NO_DEVICE
+	// (100), CUDA_ERROR_INVALID_DEVICE (101)), or the device is there but
+	// cannot be used now (CUDA_ERROR_DEVICE_UNAVAILABLE (46): in use by
+	// another process in exclusive-process compute mode, or otherwise
+	// unavailable). Tell them apart by the *Error's Code where it
+	// matters (devicetest does: DeviceUnavailable).
 	ErrNoDevice = errors.New("device: no such device")
 	// ErrIllegalAddress: an access to memory that is not allocated or not
-	// mapped (CUDA_ERROR_ILLEGAL_ADDRESS); on the simulated device, what a
+	// mapped (CUDA_ERROR_ILLEGAL_ADDRESS, 700); on the simulated device, what a
 	// use after free looks like.
 	ErrIllegalAddress = errors.New("device: illegal address")
 	// ErrInjected: a failure injected by the simulated device (device/sim) when the
