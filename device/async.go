@@ -31,8 +31,11 @@ type AsyncAllocator interface {
 	// ErrNotSupported.
 	MemFreeAsync(ptr uintptr, s Stream) error
 	// MemPoolTrimTo returns unused memory of the default pool to the
-	// device until the pool holds fewer than keep bytes or has nothing
-	// unused left (cuMemPoolTrimTo). Errors: ErrNotSupported.
+	// device, keeping at least keep bytes reserved (cuMemPoolTrimTo's
+	// minBytesToKeep): a pool holding keep bytes or fewer is left as it
+	// is, and memory that live allocations use is never released, so the
+	// pool may keep more than keep. Errors: ErrNotSupported; after Close,
+	// ErrInvalidValue.
 	MemPoolTrimTo(keep uint64) error
 	// MemPoolGetAttribute reads a 64-bit attribute of the default pool
 	// (cuMemPoolGetAttribute), in bytes. Errors: ErrInvalidValue for an

@@ -76,8 +76,9 @@ func (d *Device) MemFreeAsync(ptr uintptr, s device.Stream) error {
 	return d.do(device.CallMemFreeAsync, &d.drv.cuMemFreeAsync, ptr, uintptr(s))
 }
 
-// MemPoolTrimTo returns unused memory of the default pool to the device
-// until it holds fewer than keep bytes (cuMemPoolTrimTo). Errors:
+// MemPoolTrimTo returns unused memory of the default pool to the device,
+// keeping at least keep bytes reserved (cuMemPoolTrimTo, keep as its
+// minBytesToKeep; memory live allocations use stays). Errors:
 // ErrNotSupported, the *Error of the call.
 func (d *Device) MemPoolTrimTo(keep uint64) error {
 	pool, err := d.defaultMemPool()

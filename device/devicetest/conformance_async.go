@@ -80,6 +80,20 @@ func confAsync(t *testing.T, d device.Device) {
 	require.NoError(t, a.MemPoolSetAttribute(device.MemPoolReservedMemHigh, 0), "a high-water mark resets to 0")
 	require.NoError(t, a.MemPoolSetAttribute(device.MemPoolUsedMemHigh, 0))
 
+	// A trim keeps at least keep bytes (cuMemPoolTrimTo's minBytesToKeep),
+	// even where that is not a whole granule, and releases nothing of a
+	// pool that holds no more.
+	const keep = confMiB + 4096
+	require.NoError(t, a.MemPoolTrimTo(keep))
+	trimmed, err := a.MemPoolGetAttribute(device.MemPoolReservedMemCurrent)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, trimmed, uint64(keep), "a trim to %d bytes keeps at least that many", keep)
+	assert.LessOrEqual(t, trimmed, kept)
+	require.NoError(t, a.MemPoolTrimTo(math.MaxUint64))
+	again, err := a.MemPoolGetAttribute(device.MemPoolReservedMemCurrent)
+	require.NoError(t, err)
+	assert.Equal(t, trimmed, again, "a trim to more than the pool holds releases nothing")
+
 	// Attributes that are not 64-bit byte counts, or not settable.
 	_, err = a.MemPoolGetAttribute(device.MemPoolAttribute(1))
 	assert.ErrorIs(t, err, device.ErrInvalidValue)

@@ -11,9 +11,11 @@ package sim
 // bytes would exceed what it holds, it grows by the granules missing, and
 // fails with ErrOutOfMemory when the GPU has not that much free. A free
 // gives the bytes back to the pool, not to the GPU. At StreamSynchronize
-// and EventSynchronize, and at MemPoolTrimTo, the pool returns to the GPU
-// what it holds beyond max(live bytes rounded up to a granule, release
-// threshold or trim target rounded down to a granule).
+// and EventSynchronize the pool returns to the GPU what it holds beyond
+// max(live bytes rounded up to a granule, release threshold rounded down
+// to a granule); at MemPoolTrimTo, beyond max(live bytes, trim target),
+// each rounded up to a granule, so that a trim keeps at least its target,
+// as cuMemPoolTrimTo promises.
 //
 // What is not. The driver's pool places blocks in physical chunks and can
 // return only chunks that are wholly free; Sim's pool never fragments, so
@@ -148,13 +150,13 @@ func (s *Device) MemFreeAsync(ptr uintptr, h device.Stream) error {
 }
 
 // asyncRelease returns to the GPU what the pool holds beyond
-// max(live rounded up to a granule, keep rounded down to a granule), and
-// charges call c the cost of releasing it. g.mu held.
+// max(live rounded up to a granule, keep), keep a multiple of the
+// granularity, and charges call c the cost of releasing it. g.mu held.
 func (s *Device) asyncRelease(c device.Call, keep uint64) {
 	p := &s.apool
 	g := s.cfg.Granularity
 	floor, _ := roundUp64(p.live, g) // no overflow: live ≤ capacity
-	target := max(floor, keep/g*g)
+	target := max(floor, keep)
 	if target >= p.reserved {
 		return
 	}
@@ -167,12 +169,19 @@ func (s *Device) asyncRelease(c device.Call, keep uint64) {
 }
 
 // MemPoolTrimTo returns to the GPU what the default pool holds beyond
-// max(live bytes rounded up to a granule, keep rounded down to a granule)
-// (cuMemPoolTrimTo). It cannot fail but for injected faults.
+// max(live bytes, keep), each rounded up to a granule (cuMemPoolTrimTo):
+// it keeps at least keep bytes, and releases nothing of a pool holding
+// no more. Errors: after Close, ErrInvalidValue; else only injected
+// faults.
 func (s *Device) MemPoolTrimTo(keep uint64) error {
 	const c = device.CallMemPoolTrimTo
 	return s.do(c, func() (uint64, error) {
-		s.asyncRelease(c, keep)
+		g := s.cfg.Granularity
+		up, ok := roundUp64(keep, g)
+		if !ok {
+			up = ^uint64(0) // beyond any pool: nothing released
+		}
+		s.asyncRelease(c, up)
 		return 0, nil
 	})
 }

@@ -147,3 +147,35 @@ func TestSimAsyncLatency(t *testing.T) {
 	assert.Equal(t, 2*(oh+1100*time.Nanosecond)+grow, by[device.CallMemAllocAsync])
 	assert.Equal(t, 2*(oh+1200*time.Nanosecond), by[device.CallMemFreeAsync])
 }
+
+// A trim keeps at least its target, rounded up to a granule as the pool
+// holds whole granules (cuMemPoolTrimTo's minBytesToKeep), and leaves a
+// pool that holds no more than the target as it is.
+func TestSimAsyncTrimKeepsAtLeastKeep(t *testing.T) {
+	const g = 2 * simMiB
+	s := New(Config{Capacity: 64 * simMiB})
+	require.NoError(t, s.MemPoolSetAttribute(device.MemPoolReleaseThreshold, ^uint64(0)))
+	p, err := s.MemAllocAsync(7*simMiB, 0) // four granules
+	require.NoError(t, err)
+	require.NoError(t, s.MemFreeAsync(p, 0))
+	require.NoError(t, s.StreamSynchronize(0))
+	reserved := func() uint64 {
+		v, err := s.MemPoolGetAttribute(device.MemPoolReservedMemCurrent)
+		require.NoError(t, err)
+		return v
+	}
+	require.Equal(t, uint64(4*g), reserved())
+	require.NoError(t, s.MemPoolTrimTo(^uint64(0)))
+	assert.Equal(t, uint64(4*g), reserved(), "a target above the pool releases nothing")
+	require.NoError(t, s.MemPoolTrimTo(3*simMiB))
+	assert.Equal(t, uint64(2*g), reserved(), "3 MiB kept as two granules, not one")
+	require.NoError(t, s.MemPoolTrimTo(g))
+	assert.Equal(t, uint64(g), reserved(), "a whole granule is kept exactly")
+	require.NoError(t, s.MemPoolTrimTo(1))
+	assert.Equal(t, uint64(g), reserved(), "one byte keeps a granule")
+	require.NoError(t, s.MemPoolTrimTo(0))
+	assert.Zero(t, reserved())
+	assert.Zero(t, s.Used())
+	require.NoError(t, s.Close())
+	assert.ErrorIs(t, s.MemPoolTrimTo(0), device.ErrInvalidValue, "after Close")
+}

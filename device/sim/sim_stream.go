@@ -390,7 +390,7 @@ func (s *Device) StreamSynchronize(h device.Stream) error {
 		st.held = false
 		s.complete(st, func() bool { return len(st.queue) == 0 })
 		s.host.join(st.clock)
-		s.asyncRelease(c, s.apool.threshold)
+		s.asyncRelease(c, s.apool.threshold/s.cfg.Granularity*s.cfg.Granularity)
 		return 0, nil
 	})
 }
@@ -502,7 +502,7 @@ func (s *Device) EventSynchronize(h device.Event) error {
 			s.complete(rec.st, func() bool { return rec.done })
 			s.host.join(rec.clock)
 		}
-		s.asyncRelease(c, s.apool.threshold)
+		s.asyncRelease(c, s.apool.threshold/s.cfg.Granularity*s.cfg.Granularity)
 		return 0, nil
 	})
 }
