@@ -82,9 +82,7 @@ const Uninitialized uint32 = 0xBAADF00D
 
 // Defaults for Config's zero fields.
 const (
-	// 143771 MiB, an H200's memory as nvidia-smi reports it (the board
-	// carries 144 GiB of HBM3e; the driver keeps the rest). cuMemGetInfo's
-	// total is a little less: 143157 MiB with driver 580.159.04.
+	// An H200's memory as nvidia-smi reports it (H200Capacity).
 	simDefaultCapacity = H200Capacity
 	// 2 MiB: cuMemGetAllocationGranularity (minimum) on every NVIDIA GPU
 	// since Pascal, the size of a large GPU page.
@@ -110,8 +108,10 @@ const simLinearAlign = 512
 // Config configures New. The zero value of every field selects the
 // default given with it, which models an H200.
 type Config struct {
-	// Capacity is the GPU's memory in bytes, shared by all processes.
-	// Default 150754820096 (143771 MiB, an H200's cuMemGetInfo total).
+	// Capacity is the GPU's memory in bytes, shared by all processes;
+	// MemGetInfo reports it as the total. Default H200Capacity,
+	// 150754820096 bytes (143771 MiB, an H200's memory as nvidia-smi
+	// reports it; the driver's cuMemGetInfo total is a little less).
 	Capacity uint64
 	// Granularity is the VMM allocation granularity in bytes, a power of
 	// two of at least 512. Default 2 MiB.
@@ -156,7 +156,12 @@ type Config struct {
 	RealTime bool
 }
 
-// H200Capacity is the default Capacity, in bytes: an H200's 143771 MiB.
+// H200Capacity is the default Capacity, in bytes: 143771 MiB, an H200's
+// memory as nvidia-smi reports it (driver 580.159.04; the board carries
+// 144 GiB of HBM3e, and the driver keeps the rest). cuMemGetInfo's total
+// on that GPU and driver is a little less, 150109880320 bytes (about
+// 143156 MiB: total_bytes in bench/multi/h200), which is what a real
+// H200's MemGetInfo reports.
 const H200Capacity = 150754820096
 
 // H200ContextBytes is the device memory one CUDA context holds on an H200
