@@ -33,7 +33,9 @@ type Devices struct {
 
 // NewDevices returns a Devices whose pools use the CUDA driver: Get(k)
 // opens GPU k (cuda.Open, its primary context), and Close releases it.
-// Errors: ErrBadOptions (checked now, not at each Get).
+// NewDevices itself loads no driver: where none can be loaded, each Get
+// fails with cuda.Open's error wrapping device.ErrNoDriver. Errors:
+// ErrBadOptions (checked now, not at each Get).
 func NewDevices(opts Options) (*Devices, error) {
 	d, err := NewDevicesOn(func(k int) (device.Device, error) { return cuda.Open(k) }, opts)
 	if d != nil {
@@ -43,10 +45,13 @@ func NewDevices(opts Options) (*Devices, error) {
 }
 
 // NewDevicesOn returns a Devices whose pools use the devices open returns
-// (for example a sim.Host's Device(k)); the pools do not close them, the
-// caller does after Close. open is called at most once per ordinal that
-// Get succeeds for (again after the caller closed that ordinal's pool),
-// and must return a device whose Ordinal is the one asked for. Errors: ErrBadOptions (a nil open, or bad Options).
+// (for example sim.Host's Open method: NewDevicesOn(host.Open, opts));
+// the pools do not close them, the caller does after Close. open is
+// called at most once per ordinal that Get succeeds for (again after the
+// caller closed that ordinal's pool), must return a device whose Ordinal
+// is the one asked for, and, for an ordinal no device has, an error
+// wrapping device.ErrNoDevice (Get passes open's errors on). Errors:
+// ErrBadOptions (a nil open, or bad Options).
 func NewDevicesOn(open func(ordinal int) (device.Device, error), opts Options) (*Devices, error) {
 	if open == nil {
 		return nil, fmt.Errorf("%w: nil device opener", ErrBadOptions)
@@ -62,9 +67,11 @@ func NewDevicesOn(open func(ordinal int) (device.Device, error), opts Options) (
 // Get returned before. A failed Get makes nothing, and a later Get tries
 // again.
 //
-// Errors: ErrClosed; device.ErrNoDevice (wrapped) for an ordinal no
-// device has; ErrBadOptions when open returns a device of another
-// ordinal; ErrNoPeerAccess and the errors of New.
+// Errors: ErrClosed; device.ErrNoDevice (wrapped) for a negative
+// ordinal, or one no device has (as open reports it); open's other errors,
+// wrapped (for NewDevices, cuda.Open's: device.ErrNoDriver where no
+// driver can be loaded); ErrBadOptions when open returns a nil device or
+// one of another ordinal; ErrNoPeerAccess and the errors of New.
 func (d *Devices) Get(ordinal int) (*Pool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -150,6 +150,25 @@ func TestPeerAccessRefusedNamesThePair(t *testing.T) {
 // plainDevice hides every optional interface of its Device.
 type plainDevice struct{ device.Device }
 
+// A sim.Host's Open, the opener NewDevicesOn's doc shows, gives Get an
+// ErrNoDevice error for an ordinal no GPU of the host has, rather than a
+// panic, and makes nothing.
+func TestDevicesOnAHostsOpenRefusesAnOrdinalNoDeviceHas(t *testing.T) {
+	h := twoGPUs()
+	ds, err := pool.NewDevicesOn(h.Open, pool.Options{})
+	require.NoError(t, err)
+	for _, k := range []int{2, 63, 64, 1 << 20, -1} {
+		_, err := ds.Get(k)
+		require.ErrorIs(t, err, device.ErrNoDevice, "ordinal %d", k)
+	}
+	require.Empty(t, ds.Ordinals(), "a failed Get makes nothing")
+	p, err := ds.Get(1)
+	require.NoError(t, err)
+	require.Equal(t, 1, p.Device().Ordinal())
+	require.NoError(t, ds.Close())
+	require.Zero(t, h.Device(0).Used()+h.Device(1).Used())
+}
+
 func TestDevicesOnePoolPerOrdinal(t *testing.T) {
 	h := twoGPUs()
 	opened := map[int]int{}

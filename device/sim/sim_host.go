@@ -94,6 +94,18 @@ func (h *Host) Device(ordinal int) *Device {
 	return h.h.devs[ordinal]
 }
 
+// Open returns the host process's view of GPU ordinal as a
+// device.Device, as Device does, or, for an ordinal out of range, an error
+// wrapping device.ErrNoDevice (as cuda.Open answers it), never a panic.
+// Its signature is that of an opener for pool.NewDevicesOn. Closing the
+// device it returns closes that GPU's Device for the host.
+func (h *Host) Open(ordinal int) (device.Device, error) {
+	if ordinal < 0 || ordinal >= len(h.h.devs) {
+		return nil, fmt.Errorf("device: sim host ordinal %d of %d GPUs: %w", ordinal, len(h.h.devs), device.ErrNoDevice)
+	}
+	return h.h.devs[ordinal], nil
+}
+
 // Devices returns the host's Devices by ordinal.
 func (h *Host) Devices() []*Device {
 	return append([]*Device(nil), h.h.devs...)

@@ -105,3 +105,20 @@ func TestSimSingleGPUPeerIsSelf(t *testing.T) {
 	_, err = s.CanAccessPeer(1)
 	assert.ErrorIs(t, err, device.ErrNoDevice)
 }
+
+// Open is Device for an ordinal in range, and an ErrNoDevice error, not a
+// panic, for one out of range.
+func TestSimHostOpen(t *testing.T) {
+	h := NewHost(2, Config{Capacity: 64 * simMiB})
+	for k := range 2 {
+		d, err := h.Open(k)
+		require.NoError(t, err)
+		require.Same(t, h.Device(k), d)
+		require.Equal(t, k, d.Ordinal())
+	}
+	for _, k := range []int{-1, 2, 64} {
+		d, err := h.Open(k)
+		require.ErrorIs(t, err, device.ErrNoDevice, "ordinal %d", k)
+		require.Nil(t, d)
+	}
+}
