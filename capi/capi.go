@@ -273,7 +273,7 @@ func tlsfgo_get_device_calls(dev, path C.int, call *C.char, n C.size_t, out *C.u
 		name := C.GoStringN(call, C.int(min(n, math.MaxInt32)))
 		kind = callNamed(name)
 		if kind == device.NumCalls {
-			setError("tlsf_get_device_calls", fmt.Errorf("%q is not a driver entry point this library calls (such as cuMemMap or cuMemAlloc_v2)", name))
+			setError("tlsf_get_device_calls", fmt.Errorf("%q is not a driver call this library counts (one of device.Call's entry points, such as cuMemMap, optionally with a _vN suffix: see tlsf.h)", name))
 			return -1
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"unicode/utf8"
@@ -359,6 +360,8 @@ func TestDeviceCallsByPath(t *testing.T) {
 		{"another case", dev, pathAll, "cumemmap", false, false, `"cumemmap"`},
 		{"a bad device", -1, pathAll, "", true, false, "device ordinal -1"},
 		{"a bad path on a device with no pool", noPoolDevice, 99, "", true, false, "path 99"},
+		{"an entry point called but not counted", dev, pathAll, "cuMemGetAllocationGranularity", false, false, `"cuMemGetAllocationGranularity"`},
+		{"a versioned entry point called but not counted", dev, pathAll, "cuCtxPushCurrent_v2", false, false, `"cuCtxPushCurrent_v2"`},
 	} {
 		n, rc := callGetDeviceCalls(tc.dev, tc.path, tc.call, tc.nullCall, tc.nullOut)
 		require.Equal(t, -1, rc, tc.name)
@@ -368,6 +371,39 @@ func TestDeviceCallsByPath(t *testing.T) {
 	after, _, _ := callGetStats(dev, statsSize, false)
 	require.Equal(t, s, after, "a failed call moved the statistics")
 	checkPools(t)
+}
+
+// tlsf.h lists the names tlsf_get_device_calls accepts: exactly the
+// counted kinds of driver call, device.Call's. Each is accepted, with or
+// without any _vN suffix, whether or not the pool ever calls it.
+func TestDeviceCallNamesAreTheHeadersList(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	h, err := os.ReadFile("tlsf.h")
+	require.NoError(t, err)
+	text := string(h)
+	const from, to = "case mattering:\n", " * optionally followed by a version suffix"
+	i, j := strings.Index(text, from), strings.Index(text, to)
+	require.True(t, i >= 0 && j > i, "tlsf_get_device_calls's list of names not found in tlsf.h")
+	var listed []string
+	for _, line := range strings.Split(text[i+len(from):j], "\n") {
+		listed = append(listed, strings.Fields(strings.TrimPrefix(line, " *"))...)
+	}
+	var kinds []string
+	for k := range device.NumCalls {
+		kinds = append(kinds, k.String())
+	}
+	require.Equal(t, kinds, listed, "tlsf.h's list of counted driver calls differs from device.Call's")
+	const dev = 2
+	for _, name := range kinds {
+		for _, suffix := range []string{"", "_v2", "_v10"} {
+			_, rc := callGetDeviceCalls(dev, pathAll, name+suffix, false, false)
+			require.Zero(t, rc, "%s%s: %s", name, suffix, lastError())
+		}
+	}
+	n, rc := callGetDeviceCalls(dev, pathAll, "cuMemAllocAsync", false, false)
+	require.Zero(t, rc, lastError())
+	require.Zero(t, n, "a pool never calls the stream-ordered allocator")
 }
 
 // The memory-fraction hook caps reserved memory at fraction × total, and

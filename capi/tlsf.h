@@ -218,7 +218,9 @@ void tlsf_reset(void);
  * blocks: one mapped before the cap was lowered (up to 128 MiB) that a
  * live block touches stays, and may keep reserved above the cap.
  * Failure (see tlsf_last_error): a fraction out of range or NaN, a bad
- * device ordinal, a pool that cannot be made. The cap is unchanged.
+ * device ordinal, a pool that cannot be made, or the driver's error from
+ * cuMemGetInfo, which reads the device's total memory at each call (the
+ * message names the call and its CUresult). The cap is unchanged.
  */
 void tlsf_set_memory_fraction(double fraction, int device);
 
@@ -288,16 +290,33 @@ int tlsf_get_stats(int device, tlsf_stats* out);
 
 /*
  * tlsf_get_device_calls: sets *out to the number of driver calls the pool
- * of `device` made to the entry point named `call` (e.g. "cuMemMap",
- * "cuMemCreate", "cuMemGetInfo", or as the driver exports it,
- * "cuMemGetInfo_v2"; case matters; NULL: every entry point) on `path`
- * (TLSF_PATH_*, or TLSF_PATH_ALL for every path) since it was made. A
- * device with no pool yet reports 0. Each call reads the counters at
- * its own moment: under concurrent use, several calls (or a call and
- * tlsf_get_stats) need not add up exactly. Returns 0 on success; -1 on
- * failure (out NULL, a path out of range, a name, "" included, that is no
- * driver entry point the library calls, a bad device ordinal), when *out
- * is unchanged.
+ * of `device` made to the entry point named `call` (NULL: every entry
+ * point counted) on `path` (TLSF_PATH_*, or TLSF_PATH_ALL for every path)
+ * since it was made; these are the calls device_calls in tlsf_stats
+ * counts. A device with no pool yet reports 0.
+ * `call` must name one of the counted kinds of driver call, the Go
+ * package device's Call kinds (device/call.go), case mattering:
+ *   cuMemGetInfo cuMemAlloc cuMemFree cuMemAllocPitch cuMemAddressReserve
+ *   cuMemAddressFree cuMemCreate cuMemRelease cuMemMap cuMemUnmap
+ *   cuMemSetAccess cuStreamCreate cuStreamDestroy cuStreamSynchronize
+ *   cuStreamWaitEvent cuEventCreate cuEventDestroy cuEventRecord
+ *   cuEventQuery cuEventSynchronize cuMemsetD32 cuMemsetD32Async
+ *   cuMemcpyDtoH cuMemAllocAsync cuMemFreeAsync cuMemPoolTrimTo
+ *   cuMemPoolGetAttribute cuMemPoolSetAttribute cuMemsetD8Async
+ *   cuCtxEnablePeerAccess cuMemcpyDtoDAsync
+ * optionally followed by a version suffix, "_v" and one or more digits,
+ * which is ignored (so "cuMemGetInfo_v2", as the driver exports it, reads
+ * cuMemGetInfo's count, and so would "cuMemGetInfo_v7"). A listed name the
+ * pool never calls (the stream-ordered allocator's, for instance) is
+ * accepted and reports 0. Any other name is refused, entry points the
+ * library does call but does not count included (cuInit, cuDeviceGet,
+ * cuDevicePrimaryCtxRetain, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2,
+ * cuMemGetAllocationGranularity, cuDeviceCanAccessPeer, ...).
+ * Each call reads the counters at its own moment: under concurrent use,
+ * several calls (or a call and tlsf_get_stats) need not add up exactly.
+ * Returns 0 on success; -1 on failure (out NULL, a path out of range, a
+ * name, "" included, that is not one of those above, a bad device
+ * ordinal), when *out is unchanged.
  */
 int tlsf_get_device_calls(int device, int path, const char* call, uint64_t* out);
 
