@@ -7,8 +7,8 @@ import "errors"
 var (
 	// ErrInvalidSize: a size of zero.
 	ErrInvalidSize = errors.New("tlsf: invalid size")
-	// ErrTooLarge: a size above MaxSize, or one whose rounding to a size
-	// class would exceed it or overflow.
+	// ErrTooLarge: a requested size above MaxSize. (A size of at most
+	// MaxSize never rounds past it: MaxSize is a size-class boundary.)
 	ErrTooLarge = errors.New("tlsf: size too large")
 	// ErrBadAlignment: an alignment that is zero, not a power of two, or
 	// above MaxSize.
@@ -16,11 +16,14 @@ var (
 	// ErrNoSpace: no free block can hold the request. Not a misuse: the
 	// caller may add or grow a region and try again.
 	ErrNoSpace = errors.New("tlsf: no free block large enough")
-	// ErrDoubleFree: the address lies in free space: a block that was
-	// already freed (and perhaps merged with its neighbours).
+	// ErrDoubleFree: the address is a multiple of the granularity inside a
+	// region and lies in a free block: a block that was already freed (and
+	// perhaps merged with its neighbours), or an address the index never
+	// returned, which it cannot tell apart.
 	ErrDoubleFree = errors.New("tlsf: double free")
-	// ErrUnknownAddress: the address is outside every region, or inside an
-	// allocated block but not at its start.
+	// ErrUnknownAddress: the address is outside every region, is not a
+	// multiple of the granularity (wherever it lies, free space included),
+	// or lies inside an allocated block but not at its start.
 	ErrUnknownAddress = errors.New("tlsf: unknown address")
 	// ErrRegionOverlap: a new or grown region would overlap another.
 	ErrRegionOverlap = errors.New("tlsf: region overlap")

@@ -254,10 +254,11 @@ func (x *Index) AllocAligned(size, align uint64) (Block, error) {
 // free physical neighbours (TLSF §4: block_merge_prev, block_merge_next),
 // in O(1). It returns the block as it was allocated (address, size, ID).
 //
-// Errors: ErrDoubleFree (addr lies in free space: freed already),
-// ErrUnknownAddress (outside every region, or inside an allocated block
-// but not its start). Finding which of the two applies walks the region
-// once; correct frees never do.
+// Errors: ErrDoubleFree (addr, a multiple of the granularity, lies in
+// free space: freed already), ErrUnknownAddress (outside every region,
+// not a multiple of the granularity, or inside an allocated block but not
+// its start). Finding which of the two applies walks the region once;
+// correct frees never do.
 func (x *Index) Free(addr uint64) (Block, error) {
 	r, ok := x.live.Take(addr)
 	if !ok {

@@ -1,6 +1,7 @@
 package tlsf
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 
@@ -124,5 +125,53 @@ func TestSizeClass(t *testing.T) {
 		c, r := x.SizeClass(size)
 		assert.Equal(t, -1, c, "size %d: no class", size)
 		assert.Zero(t, r, "size %d", size)
+	}
+}
+
+// MaxSize is a size-class boundary in every configuration, so no size of
+// at most MaxSize rounds past it: ErrTooLarge means only a size above
+// MaxSize.
+func TestNoSizeUpToMaxSizeRoundsPastIt(t *testing.T) {
+	configs := 0
+	defer func() {
+		if configs < 10 {
+			t.Errorf("only %d configurations checked", configs)
+		}
+	}()
+	for gl := uint(0); gl <= 30; gl += 6 {
+		for sl := uint(1); sl <= MaxSLLog2; sl++ {
+			x, err := New(Config{Granularity: 1 << gl, SLLog2: sl})
+			if err != nil {
+				continue
+			}
+			configs++
+			for _, size := range []uint64{MaxSize, MaxSize - 1, MaxSize/2 + 1, 1} {
+				r, err := x.RoundUp(size)
+				if err != nil || r < size || r > MaxSize {
+					t.Errorf("granularity 2^%d, SLLog2 %d: RoundUp(%d) = %d, %v", gl, sl, size, r, err)
+				}
+			}
+			if _, err := x.RoundUp(MaxSize + 1); !errors.Is(err, ErrTooLarge) {
+				t.Errorf("granularity 2^%d, SLLog2 %d: RoundUp(MaxSize+1): %v", gl, sl, err)
+			}
+		}
+	}
+}
+
+// An address inside a free block that is not a multiple of the
+// granularity is ErrUnknownAddress, not ErrDoubleFree.
+func TestUnalignedAddressInFreeSpaceIsUnknown(t *testing.T) {
+	x, err := New(Config{Granularity: 256, SLLog2: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x.AddRegion(1<<20, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Free(1<<20 + 4096); !errors.Is(err, ErrDoubleFree) {
+		t.Errorf("aligned address in free space: %v, want ErrDoubleFree", err)
+	}
+	if _, err := x.Free(1<<20 + 4097); !errors.Is(err, ErrUnknownAddress) || errors.Is(err, ErrDoubleFree) {
+		t.Errorf("unaligned address in free space: %v, want ErrUnknownAddress alone", err)
 	}
 }
