@@ -71,7 +71,8 @@ type Options struct {
 
 	// InitialFraction of free memory is reserved when the pool is made
 	// (default 0: nothing until the first allocation), at most
-	// MaxFraction's cap (New refuses a MaxBytes below it).
+	// MaxFraction's cap (New refuses a MaxBytes, or a VMM pool's
+	// VirtualSize, below it: ErrBadOptions).
 	InitialFraction float64
 	// GrowFraction: each growth takes max(request, GrowFraction × free),
 	// rounded up to the allocation granularity, within the cap. Default
@@ -179,7 +180,8 @@ type Options struct {
 	// range (default: twice the device's total memory). It is rounded up
 	// to the allocation granularity (so 1 gives one 2 MiB page on the
 	// H200). It bounds the pool's address range, used or free: no single
-	// block is larger. Above tlsf.MaxSize: ErrBadOptions.
+	// block is larger. Above tlsf.MaxSize, or below the initial reserve
+	// (InitialFraction of free memory; New): ErrBadOptions.
 	VirtualSize uint64
 	// SLLog2 is log2 of the index's second-level lists per power of two,
 	// 1 to tlsf.MaxSLLog2 (default 6: 64 lists, so good-fit rounding wastes
