@@ -28,7 +28,9 @@ const simCapacity = 4 << 30
 
 func TestMain(m *testing.M) {
 	runtime.LockOSThread()
-	if rc := callConfigure(fmt.Sprintf("device:sim,sim_capacity:%d", simCapacity), false); rc != 0 {
+	// idle_release:off: the pools live through every test, and the
+	// statistics they compare change only with the tests' own calls.
+	if rc := callConfigure(fmt.Sprintf("device:sim,sim_capacity:%d,idle_release:off", simCapacity), false); rc != 0 {
 		fmt.Fprintln(os.Stderr, "tlsf_configure:", lastError())
 		os.Exit(2)
 	}

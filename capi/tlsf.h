@@ -254,8 +254,8 @@ void tlsf_record_stream(void* ptr, void* stream);
  * default), idle_release (a duration such as 500ms or 2s, 0 for the
  * default 500ms, or off: a pool that made no tlsf_malloc or tlsf_free
  * for that long returns the memory it holds unused to the driver once
- * the device has less free memory than that, so that a process started
- * after this one went idle gets it; the pool maps memory again when used
+ * another process started or grew since, so that a process started after
+ * this one went idle gets it; the pool maps memory again when used
  * again), max_bytes (bytes; 0: no cap), caches (auto|true|false:
  * auto, the default, turns the per-thread caches on once threads contend
  * for the pool's lock; true, from the start; false, never),

@@ -65,6 +65,9 @@ func newFixture(t testing.TB, be pool.Backend, cacheOff bool, opts pool.Options)
 	sd := sim.New(sim.Config{Capacity: 1 << 30, Shadow: true, Seed: 7})
 	opts.Backend = be
 	opts.Cache.Disable = cacheOff
+	if opts.IdleRelease == 0 {
+		opts.IdleRelease = -1 // the statistics change only with the test's own calls
+	}
 	p, err := pool.New(sd, opts)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -516,9 +519,10 @@ func TestZeroOptionsMeanTheDefaults(t *testing.T) {
 				}
 			}
 			// InitialFraction 0 reserves nothing at New; FreeFloorFraction 0
-			// never releases however low the device runs.
+			// never releases however low the device runs (IdleRelease, off
+			// here, has idle_test.go).
 			sd := sim.New(sim.Config{Capacity: capacity})
-			p, err := pool.New(sd, pool.Options{Backend: cfg.backend, Cache: pool.CacheOptions{Disable: cfg.cacheOff}})
+			p, err := pool.New(sd, pool.Options{Backend: cfg.backend, Cache: pool.CacheOptions{Disable: cfg.cacheOff}, IdleRelease: -1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -562,6 +566,7 @@ func firstRefill(t *testing.T, be pool.Backend, capacity uint64, o pool.Options)
 	sd := sim.New(sim.Config{Capacity: capacity, Seed: 1})
 	o.Backend = be
 	o.Cache.Eager = true // the caches from the first request
+	o.IdleRelease = -1   // the statistics change only with the test's own calls
 	p, err := pool.New(sd, o)
 	if err != nil {
 		t.Fatalf("New(%+v): %v", o, err)
@@ -579,6 +584,7 @@ func workload(t *testing.T, be pool.Backend, cacheOff bool, capacity uint64, o p
 	t.Helper()
 	sd := sim.New(sim.Config{Capacity: capacity, Seed: 1})
 	o.Backend, o.Cache.Disable = be, cacheOff
+	o.IdleRelease = -1 // the statistics change only with the test's own calls
 	p, err := pool.New(sd, o)
 	if err != nil {
 		t.Fatalf("New(%+v): %v", o, err)

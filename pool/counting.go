@@ -38,8 +38,8 @@ const (
 	// OnOutOfMemory hook's retry.
 	PathOutOfMemory
 	// PathScavenge is memory returned because the device ran low
-	// (FreeFloorFraction) or an idle pool held memory the device lacked
-	// (IdleRelease): the background scavenger's wakes and the floor's
+	// (FreeFloorFraction) or an idle pool gave its memory to another
+	// process (IdleRelease): the background scavenger's wakes and the floor's
 	// check every ReleaseCheckInterval frees.
 	PathScavenge
 	// PathTrim is Trim.

@@ -58,9 +58,9 @@
 // MaxFraction of the device's total memory and by MaxBytes, and unused
 // memory is returned when the device runs low (FreeFloorFraction of
 // total; a background scavenger, scavenge.go, checks even while the pool
-// is idle), by a pool idle for IdleRelease (500 ms) when the device has
-// less free memory than the pool holds unused, or recycled rather than
-// added when the pool must map more (ReleaseFraction).
+// is idle), by a pool idle for IdleRelease (500 ms) once another process
+// started or grew, or recycled rather than added when the pool must map
+// more (ReleaseFraction).
 //
 // # Sharing a GPU
 //
@@ -127,8 +127,8 @@
 // A job that asks for more than its share gets ErrOutOfMemory; for 256
 // allocations after a failure, a request that would take it above 90% of
 // its cap fails at once, without gathering free pages. A job idle for
-// IdleRelease (500 ms by default) gives its unused memory back once the
-// device has less free than that, so a job started after it gets it
+// IdleRelease (500 ms by default) gives its unused memory back once
+// another process started or grew, so a job started after it gets it
 // within about a second; FreeFloorFraction makes a job, idle or not,
 // keep a fraction of the device free. Through the C
 // ABI the cap is max_fraction in TLSF_ALLOC_CONF, or

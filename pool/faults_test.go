@@ -298,6 +298,7 @@ func newCampaign(t *testing.T, be pool.Backend, cacheOff bool, seed uint64, tune
 		GrowFraction:    1.0 / 64, // 4 MiB growths: many of them
 		ReleaseFraction: 0.05,     // and releases
 		Cache:           pool.CacheOptions{Disable: cacheOff, Eager: !cacheOff},
+		IdleRelease:     -1, // every driver call, and every fault, is the campaign's own
 	}
 	if tune != nil {
 		tune(&o)

@@ -1,9 +1,10 @@
 package pool
 
 // IdleRelease (scavenge.go, "Idle"): an idle pool gives its unused memory
-// to a device that has less free, driven one wake at a time.
+// to a process started or grown since, driven one wake at a time.
 
 import (
+	"runtime"
 	"testing"
 	"time"
 
@@ -11,6 +12,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
+
+// idleContext is what each simulated process's context holds in these
+// tests: more than idleOthersGrowth, as a CUDA context does.
+const idleContext = 128 * miB
+
+// idleDevice is a 1 GiB simulated GPU whose processes' contexts hold
+// idleContext each.
+func idleDevice() *sim.Device {
+	return sim.New(sim.Config{Capacity: giB, ContextBytes: idleContext})
+}
 
 // idleWake runs one wake of IdleRelease's rule at time at.
 func idleWake(t *testing.T, p *Pool, at time.Time) uint64 {
@@ -22,9 +33,8 @@ func idleWake(t *testing.T, p *Pool, at time.Time) uint64 {
 	return n
 }
 
-// idleWakes runs wakes every scavengePeriod from at until one returns
-// nothing after a release (or k wakes), and returns the time after the
-// last.
+// idleWakes runs k wakes, scavengePeriod apart, from at, and returns the
+// time after the last.
 func idleWakes(t *testing.T, p *Pool, at time.Time, k int) time.Time {
 	t.Helper()
 	for range k {
@@ -34,20 +44,20 @@ func idleWakes(t *testing.T, p *Pool, at time.Time, k int) time.Time {
 	return at
 }
 
-// A job that filled the device and freed everything, then went idle,
+// A job that filled most of the device and freed it, then went idle,
 // gives its memory to a job started after it, with no option set; only
 // once it has been idle for IdleRelease, and it keeps what it uses.
 func TestAnIdlePoolGivesItsUnusedMemoryToANewcomer(t *testing.T) {
 	for _, be := range pooledBackends {
 		for _, cm := range cacheModes {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
-				sa := sim.New(sim.Config{Capacity: giB})
+				sa := idleDevice()
 				da := onSim(sa)
 				a := openPool(t, da, Options{Backend: be, NoScavenger: true, Cache: cm.opts()})
 				keep, err := a.Alloc(64 * miB)
 				require.NoError(t, err)
 				var ptrs []uintptr
-				for range 48 {
+				for range 40 {
 					ptr, err := a.Alloc(16 * miB)
 					require.NoError(t, err)
 					ptrs = append(ptrs, ptr)
@@ -61,20 +71,20 @@ func TestAnIdlePoolGivesItsUnusedMemoryToANewcomer(t *testing.T) {
 					require.NoError(t, a.Free(ptr))
 				}
 				held := a.Stats().Reserved
-				require.Greater(t, held, 800*miB)
+				require.Greater(t, held, 700*miB)
 
-				sb := sa.NewProcess()
+				t0 := time.Unix(1000, 0)
+				require.Zero(t, idleWake(t, a, t0), "the first wake sees the pool's activity")
+				idleWakes(t, a, t0.Add(a.opts.IdleRelease), 20)
+				assert.Equal(t, held, a.Stats().Reserved, "alone on the device: kept")
+
+				sb := sa.NewProcess() // its context: others grow
 				db := onSim(sb)
 				b := openPool(t, db, Options{Backend: be, NoScavenger: true})
 				_, err = b.Alloc(512 * miB)
 				require.ErrorIs(t, err, ErrOutOfMemory, "the idle job holds the memory")
 
-				t0 := time.Unix(1000, 0)
-				require.Zero(t, idleWake(t, a, t0), "the first wake sees the pool's activity")
-				before := a.Stats()
-				require.Zero(t, idleWake(t, a, t0.Add(a.opts.IdleRelease-time.Millisecond)), "not idle long enough")
-				assert.Equal(t, before.DeviceCalls, a.Stats().DeviceCalls, "no look at the device before")
-				at := idleWakes(t, a, t0.Add(a.opts.IdleRelease), 16)
+				at := idleWakes(t, a, t0.Add(a.opts.IdleRelease+time.Second), 32)
 				s := a.Stats()
 				assert.Less(t, s.Reserved, held/4, "the unused memory went back")
 				assert.Equal(t, 64*miB, s.Allocated, "the block in use stays")
@@ -83,10 +93,10 @@ func TestAnIdlePoolGivesItsUnusedMemoryToANewcomer(t *testing.T) {
 				assert.Positive(t, s.DeviceCallsByPath[PathScavenge].Total(), "on the scavenger's path")
 				checkStep(t, a, da)
 
-				// Done: no more looks at the device until the pool is used.
-				calls := a.Stats().DeviceCalls
-				idleWakes(t, a, at, 32)
-				assert.Equal(t, calls, a.Stats().DeviceCalls, "nothing more to return, no look")
+				// Done: nothing returned again while others hold what they held.
+				reserved := a.Stats().Reserved
+				idleWakes(t, a, at, 64)
+				assert.Equal(t, reserved, a.Stats().Reserved)
 
 				ptr, err := b.Alloc(512 * miB)
 				require.NoError(t, err, "the newcomer gets it")
@@ -99,65 +109,82 @@ func TestAnIdlePoolGivesItsUnusedMemoryToANewcomer(t *testing.T) {
 	}
 }
 
-// An idle pool alone on its device, holding less unused memory than the
-// device has free, keeps it: its next request is served warm. It looks at
-// the device once per idleCheckPeriod.
-func TestAnIdlePoolKeepsItsMemoryWhileTheDeviceHasMoreFree(t *testing.T) {
-	sd := sim.New(sim.Config{Capacity: giB})
-	d := onSim(sd)
-	p := openPool(t, d, Options{Backend: BackendVMM, NoScavenger: true})
-	ptrs := allocBlocks(t, p, 8, 32*miB)
-	for _, ptr := range ptrs {
-		require.NoError(t, p.Free(ptr))
+// An idle pool alone on its device keeps its memory through a pause,
+// however little the device has free, looking at the device once per
+// idleCheckPeriod; one whose neighbour was there before it, and holds no
+// more since, keeps it too (FreeFloorFraction's case).
+func TestAnIdlePoolKeepsItsMemoryWhileNoOtherProcessGrows(t *testing.T) {
+	for _, neighbour := range []bool{false, true} {
+		sd := idleDevice()
+		d := onSim(sd)
+		if neighbour {
+			n := sd.NewProcess()
+			_, err := n.MemAlloc(64 * miB)
+			require.NoError(t, err)
+		}
+		p := openPool(t, d, Options{Backend: BackendVMM, NoScavenger: true})
+		for _, ptr := range allocBlocks(t, p, 22, 32*miB) {
+			require.NoError(t, p.Free(ptr))
+		}
+		held := p.Stats().Reserved
+		free, _, err := sd.MemGetInfo()
+		require.NoError(t, err)
+		require.Less(t, free, held, "the device has less free than the pool unused")
+		t0 := time.Unix(1000, 0)
+		idleWake(t, p, t0)
+		before := p.Stats().DeviceCalls.Total()
+		idleWakes(t, p, t0.Add(p.opts.IdleRelease), int(time.Second/scavengePeriod))
+		assert.Equal(t, held, p.Stats().Reserved, "neighbour %v", neighbour)
+		assert.Equal(t, before+uint64(time.Second/idleCheckPeriod), p.Stats().DeviceCalls.Total(), "a cuMemGetInfo per idleCheckPeriod")
+		checkStep(t, p, d)
 	}
-	held := p.Stats().Reserved
-	require.Positive(t, held)
-	t0 := time.Unix(1000, 0)
-	idleWake(t, p, t0)
-	before := p.Stats().DeviceCalls.Total()
-	// One second of wakes: ten looks, nothing returned.
-	idleWakes(t, p, t0.Add(p.opts.IdleRelease), int(time.Second/scavengePeriod))
-	assert.Equal(t, held, p.Stats().Reserved)
-	assert.Equal(t, before+uint64(time.Second/idleCheckPeriod), p.Stats().DeviceCalls.Total(), "a cuMemGetInfo per idleCheckPeriod")
-	checkStep(t, p, d)
 }
 
-// Any request or free makes the pool busy again, the caches' included,
-// and a failed request too: idleness restarts from the wake that sees it.
+// Any request or free makes the pool busy again, the caches' hits and a
+// failed request included: idleness restarts from the wake that sees it.
 func TestAnyActivityRestartsTheIdleClock(t *testing.T) {
 	for _, op := range []struct {
 		name string
-		do   func(t *testing.T, p *Pool)
+		do   func(t *testing.T, p *Pool, cached, big uintptr)
 	}{
-		{"alloc and free", func(t *testing.T, p *Pool) {
-			ptr, err := p.Alloc(miB)
+		{"alloc", func(t *testing.T, p *Pool, _, _ uintptr) {
+			_, err := p.Alloc(miB)
 			require.NoError(t, err)
-			require.NoError(t, p.Free(ptr))
 		}},
-		{"cached alloc", func(t *testing.T, p *Pool) {
+		{"free", func(t *testing.T, p *Pool, _, big uintptr) {
+			require.NoError(t, p.Free(big))
+		}},
+		{"cache hit", func(t *testing.T, p *Pool, _, _ uintptr) {
 			_, err := p.Alloc(256)
 			require.NoError(t, err)
 		}},
-		{"failed request", func(t *testing.T, p *Pool) {
+		{"cached free", func(t *testing.T, p *Pool, cached, _ uintptr) {
+			require.NoError(t, p.Free(cached))
+		}},
+		{"failed request", func(t *testing.T, p *Pool, _, _ uintptr) {
 			_, err := p.Alloc(2 * giB) // above the device: fails at once, nothing released
 			require.ErrorIs(t, err, ErrOutOfMemory)
 		}},
 	} {
 		t.Run(op.name, func(t *testing.T) {
-			sa := sim.New(sim.Config{Capacity: giB})
+			sa := idleDevice()
 			da := onSim(sa)
 			p := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, Cache: CacheOptions{Eager: true}})
-			ptrs := allocBlocks(t, p, 24, 32*miB)
-			for _, ptr := range ptrs[1:] {
+			ptrs := allocBlocks(t, p, 20, 32*miB)
+			for _, ptr := range ptrs[2:] {
 				require.NoError(t, p.Free(ptr))
 			}
-			sb := sa.NewProcess()
-			other, err := sb.MemAlloc(256 * miB) // the device has less free than the pool unused
+			warm, err := p.Alloc(256) // a refill: the caches hold more blocks of its class
+			require.NoError(t, err)
+			require.NoError(t, p.Free(warm))
+			cached, err := p.Alloc(256)
+			require.NoError(t, err)
+			_, err = sa.NewProcess().MemAlloc(32 * miB) // a newcomer
 			require.NoError(t, err)
 			held := p.Stats().Reserved
 			t0 := time.Unix(1000, 0)
 			idleWake(t, p, t0)
-			op.do(t, p)
+			op.do(t, p, cached, ptrs[1])
 			at := t0.Add(p.opts.IdleRelease)
 			idleWake(t, p, at) // sees the activity
 			idleWakes(t, p, at.Add(scavengePeriod), int(p.opts.IdleRelease/scavengePeriod)-2)
@@ -165,9 +192,65 @@ func TestAnyActivityRestartsTheIdleClock(t *testing.T) {
 			idleWakes(t, p, at.Add(p.opts.IdleRelease), 8)
 			assert.Less(t, p.Stats().Reserved, held, "idle since: returned")
 			checkStep(t, p, da)
-			require.NoError(t, sb.MemFree(other))
 		})
 	}
+}
+
+// Frees on other streams are pending until a poll; the idle rule polls
+// before it counts the pool's unused memory, and a free still pending on
+// a busy stream at the release goes back once that stream is done.
+func TestAnIdlePoolReturnsFreesPendingOnOtherStreams(t *testing.T) {
+	sa := idleDevice()
+	da := onSim(sa)
+	a := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, Cache: CacheOptions{Disable: true}})
+	keep, err := a.Alloc(miB) // the default stream: frees on others are stream-ordered
+	require.NoError(t, err)
+	s1, err := sa.StreamCreate()
+	require.NoError(t, err)
+	s2, err := sa.StreamCreate()
+	require.NoError(t, err)
+	p1 := make([]uintptr, 0, 16)
+	for range 16 {
+		ptr, err := a.AllocOn(32*miB, s1)
+		require.NoError(t, err)
+		p1 = append(p1, ptr)
+	}
+	p2 := make([]uintptr, 0, 4)
+	for range 4 {
+		ptr, err := a.AllocOn(32*miB, s2)
+		require.NoError(t, err)
+		p2 = append(p2, ptr)
+	}
+	require.NoError(t, sa.HoldStream(s2)) // s2 busy
+	for _, ptr := range p1 {
+		require.NoError(t, a.FreeOn(ptr, s1)) // fewer than pollInterval: not polled
+	}
+	for _, ptr := range p2 {
+		require.NoError(t, a.FreeOn(ptr, s2))
+	}
+	require.NoError(t, sa.StreamSynchronize(s1))
+	held := a.Stats().Reserved
+	require.Greater(t, held, 600*miB)
+	db := onSim(sa.NewProcess())
+	b := openPool(t, db, Options{Backend: BackendVMM, NoScavenger: true})
+
+	t0 := time.Unix(1000, 0)
+	idleWake(t, a, t0)
+	at := idleWakes(t, a, t0.Add(a.opts.IdleRelease), 32)
+	s := a.Stats()
+	assert.Less(t, s.Reserved, held-400*miB, "frees the GPU finished count as unused")
+	assert.GreaterOrEqual(t, s.Reserved, 128*miB, "those on the busy stream stay")
+	checkStep(t, a, da)
+	ptr, err := b.Alloc(512 * miB)
+	require.NoError(t, err, "the newcomer gets what went back")
+	checkStep(t, b, db)
+
+	require.NoError(t, sa.ReleaseStream(s2)) // s2's work completes
+	idleWakes(t, a, at, 32)
+	assert.Less(t, a.Stats().Reserved, 32*miB, "then the rest goes back")
+	checkStep(t, a, da)
+	require.NoError(t, b.Free(ptr))
+	require.NoError(t, a.Free(keep))
 }
 
 // The default, a negative IdleRelease, and its configuration key.
@@ -194,30 +277,31 @@ func TestIdleReleaseOption(t *testing.T) {
 	}
 
 	// Negative: the wake never looks.
-	sd := sim.New(sim.Config{Capacity: giB})
+	sd := idleDevice()
 	d := onSim(sd)
 	p := openPool(t, d, Options{Backend: BackendVMM, NoScavenger: true, IdleRelease: -1})
-	for _, ptr := range allocBlocks(t, p, 24, 32*miB) {
+	for _, ptr := range allocBlocks(t, p, 20, 32*miB) {
 		require.NoError(t, p.Free(ptr))
 	}
-	_, err = sd.NewProcess().MemAlloc(256 * miB)
+	_, err = sd.NewProcess().MemAlloc(64 * miB)
 	require.NoError(t, err)
-	held := p.Stats().Reserved
+	held, calls := p.Stats().Reserved, p.Stats().DeviceCalls
 	p.mu.Lock()
 	for i := range 200 {
 		p.wakeLocked(time.Unix(1000, 0).Add(time.Duration(i) * scavengePeriod))
 	}
 	p.mu.Unlock()
 	assert.Equal(t, held, p.Stats().Reserved)
+	assert.Equal(t, calls, p.Stats().DeviceCalls)
 }
 
-// With the scavenger's goroutine and default options in both jobs (the
-// default IdleRelease, which openPool turns off unless given), the
-// newcomer's retries succeed once the idle job's memory came back.
+// With the scavenger's goroutine (the default IdleRelease, which openPool
+// turns off unless given), a newcomer's retries succeed once the idle
+// job's memory came back.
 func TestANewcomerGetsAnIdleJobsMemoryInTheBackground(t *testing.T) {
-	sa := sim.New(sim.Config{Capacity: giB})
+	sa := idleDevice()
 	a := openPool(t, onSim(sa), Options{IdleRelease: defaultIdleRelease})
-	for _, ptr := range allocBlocks(t, a, 56, 16*miB) {
+	for _, ptr := range allocBlocks(t, a, 44, 16*miB) {
 		require.NoError(t, a.Free(ptr))
 	}
 	b := openPool(t, onSim(sa.NewProcess()), Options{})
@@ -225,7 +309,7 @@ func TestANewcomerGetsAnIdleJobsMemoryInTheBackground(t *testing.T) {
 	var ptr uintptr
 	var err error
 	for time.Now().Before(deadline) {
-		if ptr, err = b.Alloc(768 * miB); err == nil {
+		if ptr, err = b.Alloc(640 * miB); err == nil {
 			break
 		}
 		require.ErrorIs(t, err, ErrOutOfMemory)
@@ -234,4 +318,24 @@ func TestANewcomerGetsAnIdleJobsMemoryInTheBackground(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, b.Free(ptr))
 	assert.Positive(t, a.Stats().ScavengedBytes)
+}
+
+// A pool dropped without Close stops its scavenger (its goroutine holds
+// the pool through a weak pointer).
+func TestADroppedPoolsScavengerStops(t *testing.T) {
+	p, err := New(sim.New(sim.Config{Capacity: giB}), Options{})
+	require.NoError(t, err)
+	sc := p.scav
+	require.NotNil(t, sc)
+	p = nil
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		runtime.GC()
+		select {
+		case <-sc.done:
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatal("the scavenger of a dropped pool still runs")
 }

@@ -156,18 +156,19 @@ type Options struct {
 	// ReleaseCheckInterval of them. Close stops the scavenger. Default 0:
 	// off (the scavenger then runs IdleRelease's rule alone).
 	FreeFloorFraction float64
-	// IdleRelease: a pool that made no allocation or free for this long
-	// returns all the memory it holds unused, when the device's free
-	// memory (cuMemGetInfo, read at most every 100 ms while idle) is less
-	// than that unused memory: another process may be waiting for it, and
-	// this pool is idle. So a job started after another went idle gets
-	// the idle job's memory within about IdleRelease plus the time to
-	// unmap it, with no option set in either (scavenge.go, "Idle": the
-	// pace, the cost, and the case it leaves to FreeFloorFraction). The
-	// idle pool maps memory again when it resumes: its next requests pay
-	// a cold start (tens of ms for 100 GiB of 128 MiB handles on an H200).
-	// Default (0): 500 ms. Negative: never. A pool alone on its GPU that
-	// holds less unused memory than the device has free keeps it.
+	// IdleRelease: a pool that made no allocation request or free for
+	// this long returns all the memory it holds unused once another
+	// process has started or grown since New or its last release (what
+	// others hold on the device, by cuMemGetInfo read at most every 100
+	// ms while idle, rose by 64 MiB: a CUDA context alone holds more).
+	// So a job started after another went idle gets the idle job's memory
+	// within about IdleRelease plus the time to unmap it, with no option
+	// set in either (scavenge.go, "Idle": the pace, the cost, and the
+	// neighbour it leaves to FreeFloorFraction). The idle pool maps
+	// memory again when it resumes: its next requests pay a cold start
+	// (tens of ms for 100 GiB of 128 MiB handles on an H200). A pool alone
+	// on its GPU keeps its memory through pauses. Default (0): 500 ms.
+	// Negative: never.
 	IdleRelease time.Duration
 	// NoScavenger turns the background scavenger off: FreeFloorFraction
 	// is then checked on locked frees only, and IdleRelease never applies.

@@ -246,6 +246,7 @@ func newPool(dev device.Device, opts Options) (*Pool, error) {
 	}
 	p.total = total
 	p.othersLow = total - min(total, free)
+	p.idle.othersLow = p.othersLow
 	p.context = min(p.othersLow, total/contextShareDivisor)
 	if p.backend == BackendAuto {
 		p.backend = BackendChunks

@@ -15,13 +15,19 @@ package pool
 //     reaches it.
 //   - IdleRelease (default 500 ms, on unless negative): a pool that made
 //     no request or free for that long returns all its unused memory
-//     when the device has less free memory than that. A floor returns
-//     only up to f × total, and a process started after this one went
-//     idle asks in one request for more than that as often as not (half
-//     a GPU); its failed request leaves no trace this pool could see, so
-//     the idle pool gives back everything it does not use, once the
-//     device's free memory is the smaller of the two, whatever the
-//     newcomer wants.
+//     once another process has started or grown since (what others hold
+//     on the device rose by idleOthersGrowth, 64 MiB, past the least
+//     they held since New or the last release; a CUDA context alone
+//     holds more). A floor returns only up to f × total, and a process
+//     started after this one went idle asks in one request for more than
+//     that as often as not (half a GPU). Its failed request leaves no
+//     trace this pool could see, but its context does: so the idle pool
+//     gives back everything it does not use, whatever the newcomer
+//     wants. A pool alone on its GPU keeps its memory through a pause,
+//     and one whose neighbours hold what they held at its last release
+//     too: a neighbour that started before this pool did, or before its
+//     last release, and fails requests without growing, is served only
+//     by a floor (FreeFloorFraction) or Trim.
 //
 // So, like the Go runtime's background scavenger (mgcscavenge.go), a
 // goroutine wakes on its own and returns memory.
@@ -41,18 +47,19 @@ package pool
 // or up to 4 GiB of 128 MiB handles (an uncapped pool's growths). So
 // memory goes back at 6.4 GiB/s to 400 GiB/s.
 //
-// Idle: each wake compares the pool's count of requests and frees with
-// the last wake's (Pool.activity: two counters, and two per P where the
-// caches are on). Once it has not changed for IdleRelease, the wake looks
-// at the device (one cuMemGetInfo, at most every idleCheckPeriod, 100
-// ms); if the device has less free memory than the pool holds unused, it
-// returns all of it, idleCalls (512) driver calls' work per wake, until
-// none is left or the pool is used again; then it looks no more until
-// the pool has been used and gone idle again. A release goes at up to
-// 51 GiB/s of one-page handles and 3 TiB/s of 128 MiB ones, the driver's
-// time aside (on an H200 about 30 µs per handle to unmap and release:
-// 100 GiB of one-page handles takes 1.5 s of it, of 128 MiB handles
-// 25 ms). Measured on the simulated H200 with its modelled driver time
+// Idle: without a floor the scavenger wakes every idleCheckPeriod (100
+// ms), and every scavengePeriod while it releases. Each wake compares the
+// pool's count of requests and frees with the last wake's
+// (Pool.activity: two counters, and two per P where the caches are on).
+// Once it has not changed for IdleRelease, and the pool holds unused
+// memory after a poll of its pending frees, the wake looks at the device
+// (one cuMemGetInfo, at most every idleCheckPeriod); where others grew
+// as above, it returns all of the pool's unused memory, idleCalls (512)
+// driver calls' work per wake, until none is left or the pool is used
+// again. A release goes at up to 51 GiB/s of one-page handles and 3 TiB/s
+// of 128 MiB ones, the driver's time aside (on an H200 about 30 µs per
+// one-page handle to unmap and release, 75 µs per 128 MiB one: 100 GiB
+// takes 1.5 s of it in one-page handles, 60 ms in 128 MiB ones). Measured on the simulated H200 with its modelled driver time
 // (BenchmarkNewcomerWait, medians of ten, 2026-12-07): a job that
 // filled the device to 92% and freed it all, then went idle, let a
 // newcomer's request for half the device succeed 622 ms after its first
@@ -72,12 +79,14 @@ package pool
 // memory.
 //
 // Idle: a busy pool pays the pool's lock for the two counters' read (and
-// each P's cache lock for its two), tens of ns a wake, 100 wakes a
-// second. An idle pool holding unused memory on a device with more free
-// memory than that: one cuMemGetInfo per 100 ms. A release holds the
-// lock of a pool no caller uses for up to idleCalls calls a wake (about
-// 8 ms of one-page handles on an H200); a caller that comes back waits
-// for that wake at most, then maps memory again as on a cold start.
+// each P's cache lock for its two), tens of ns a wake, 10 wakes a
+// second. An idle pool holding unused memory: one cuMemGetInfo per 100
+// ms, for as long as it stays idle. A release holds the lock of a pool
+// no caller uses for up to idleCalls calls a wake (about 8 ms of
+// one-page handles on an H200, 19 ms of 128 MiB ones), and the time to
+// synchronize streams that freed memory (cuStreamSynchronize, as every
+// release); a caller that comes back waits for that wake at most, then
+// maps memory again as on a cold start.
 //
 // The scavenger runs unless NoScavenger is set, or FreeFloorFraction is
 // 0 and IdleRelease negative, and stops at Close. Tests drive it
@@ -88,6 +97,7 @@ import (
 	"math"
 	"sync"
 	"time"
+	"weak"
 )
 
 const (
@@ -107,6 +117,13 @@ const (
 	// idleCalls: driver calls per wake of an idle pool's release (see
 	// Idle above): 8 times scavengeCalls, as no caller waits for the lock.
 	idleCalls = 8 * scavengeCalls
+	// idleOthersGrowth: how much more others must hold than the least
+	// they held since New or the last release before an idle pool gives
+	// its memory back: less than any CUDA context (hundreds of MiB on an
+	// H100 or H200, 526 MiB on the H200 of 2026-12), more than the
+	// driver's own allocations of a process at work (streams, events,
+	// modules: a few MiB).
+	idleOthersGrowth = 64 << 20
 )
 
 // scavenger is the background goroutine's handle.
@@ -118,30 +135,57 @@ type scavenger struct {
 
 // startScavenger starts the background scavenger of a pooled backend,
 // unless NoScavenger is set or neither FreeFloorFraction nor IdleRelease
-// applies.
+// applies. The goroutine holds the pool through a weak pointer: a pool
+// dropped without Close stops it at its next wake (its device memory is
+// not returned: only Close does that).
 func (p *Pool) startScavenger() {
 	if p.pt != nil || p.opts.NoScavenger || (p.opts.FreeFloorFraction <= 0 && p.opts.IdleRelease < 0) {
 		return
 	}
 	sc := &scavenger{stop: make(chan struct{}), done: make(chan struct{})}
 	p.scav = sc
+	wp := weak.Make(p)
+	period := p.wakePeriod()
 	go func() {
 		defer close(sc.done)
-		t := time.NewTicker(scavengePeriod)
+		t := time.NewTicker(period)
 		defer t.Stop()
 		for {
 			select {
 			case <-sc.stop:
 				return
 			case now := <-t.C:
-				p.lockAside()
-				if !p.closed {
-					p.wakeLocked(now)
+				p := wp.Value()
+				if p == nil {
+					return
 				}
-				p.unlockAside()
+				if next := p.wake(now); next != period {
+					period = next
+					t.Reset(period)
+				}
 			}
 		}
 	}()
+}
+
+// wake is one wake of the scavenger at time now, under the pool's lock;
+// it returns the period until the next.
+func (p *Pool) wake(now time.Time) time.Duration {
+	p.lockAside()
+	defer p.unlockAside()
+	if !p.closed {
+		p.wakeLocked(now)
+	}
+	return p.wakePeriod()
+}
+
+// wakePeriod is scavengePeriod where the floor applies or an idle
+// release is under way, else idleCheckPeriod. Pool lock held, or New.
+func (p *Pool) wakePeriod() time.Duration {
+	if p.opts.FreeFloorFraction > 0 || p.idle.releasing {
+		return scavengePeriod
+	}
+	return idleCheckPeriod
 }
 
 // wakeLocked is one wake of the scavenger at time now: FreeFloorFraction's
@@ -240,14 +284,15 @@ func (p *Pool) scavengeUpTo(want, calls uint64) (n uint64, exhausted bool, err e
 	return n, exhausted, err
 }
 
-// idleWatch is the scavenger's view of the pool's activity, for
-// IdleRelease. Pool lock held.
+// idleWatch is the scavenger's view of the pool's activity and of the
+// other processes on its device, for IdleRelease. Pool lock held.
 type idleWatch struct {
 	ops       uint64    // requests and frees seen at the last wake (activity)
 	since     time.Time // the wake that saw ops change
-	checked   time.Time // the last look at the device's free memory
+	checked   time.Time // the last look at the device
+	othersLow uint64    // the least others held (bytes) since New or the last release
+	trigger   uint64    // what others held when the release began
 	releasing bool      // a release began and has more to return
-	done      bool      // all it could return is returned, until ops change
 }
 
 // activity counts the pool's allocation requests under its lock (failed
@@ -257,21 +302,25 @@ func (p *Pool) activity() uint64 {
 	return p.full.reqs + p.c.frees + p.cache.sum(func(pc *pcache) uint64 { return pc.allocs + pc.frees })
 }
 
-// idleReleaseLocked is IdleRelease's rule at a wake at time now: once
-// the pool has made no request or free for IdleRelease, and, looking at
-// most every idleCheckPeriod, the device's free memory is less than the
-// memory the pool holds unused (reserved, less the blocks in use or
-// pending; the caches' blocks count as unused), it returns all its unused
-// memory, idleCalls driver calls' work per wake, until none is left or
-// the pool is used again. It returns the bytes returned at this wake.
-// Pool lock held.
+// idleReleaseLocked is IdleRelease's rule at a wake at time now. Once the
+// pool has made no request or free for IdleRelease it looks, at most
+// every idleCheckPeriod, at what it holds unused (reserved, less the
+// blocks in use and the frees still pending after a poll) and, where
+// there is some, at the device (cuMemGetInfo): what others hold, total
+// less free less this pool's reserved memory (other processes, and this
+// process's context and memory of its own). Where that grew by
+// idleOthersGrowth past the least it was since New or the last release
+// (a process started, or a neighbour grew), the pool returns all its
+// unused memory, idleCalls driver calls' work per wake, until none is
+// left or the pool is used again. It returns the bytes returned at this
+// wake. Pool lock held.
 func (p *Pool) idleReleaseLocked(now time.Time) (uint64, error) {
 	w := &p.idle
 	if ops := p.activity(); ops != w.ops || w.since.IsZero() {
-		*w = idleWatch{ops: ops, since: now}
+		w.ops, w.since, w.releasing = ops, now, false
 		return 0, nil
 	}
-	if w.done || now.Sub(w.since) < p.opts.IdleRelease {
+	if now.Sub(w.since) < p.opts.IdleRelease {
 		return 0, nil
 	}
 	prev := p.dev.enter(PathScavenge)
@@ -281,21 +330,34 @@ func (p *Pool) idleReleaseLocked(now time.Time) (uint64, error) {
 			return 0, nil
 		}
 		w.checked = now
+		_ = p.pollPending(false) // frees whose streams are done count as unused
 		r := p.reserved()
-		unused := r - min(r, p.c.active)
-		if unused == 0 {
-			w.done = true
+		if r-min(r, p.activeNow()) == 0 {
 			return 0, nil
 		}
-		free, _, err := p.dev.MemGetInfo()
-		if err != nil || free >= unused {
+		free, total, err := p.dev.MemGetInfo()
+		if err != nil {
 			return 0, err
 		}
-		w.releasing = true
+		others := total - min(total, free+r)
+		w.othersLow = min(w.othersLow, others)
+		if others < w.othersLow+idleOthersGrowth {
+			return 0, nil
+		}
+		w.releasing, w.trigger = true, others
 	}
 	n, exhausted, err := p.scavengeUpTo(math.MaxUint64, idleCalls)
-	if exhausted {
-		w.releasing, w.done = false, true
+	switch {
+	case err != nil:
+		w.releasing = false // looked at again after idleCheckPeriod
+	case exhausted:
+		w.releasing = false
+		if p.c.pendingBlocks == 0 {
+			// Done: the next release waits for others to grow again.
+			// Frees still pending keep the old mark, so that they go
+			// back once their streams pass them.
+			w.othersLow = w.trigger
+		}
 	}
 	return n, err
 }

@@ -100,7 +100,7 @@ type Stats struct {
 	RecycledBytes uint64
 	// ScavengedBytes is the device memory the background scavenger
 	// returned because the device ran low (FreeFloorFraction) or the pool
-	// was idle with less free on the device (IdleRelease; included in
+	// was idle when another process started or grew (IdleRelease; included in
 	// ReleasedBytes), in bytes since New.
 	ScavengedBytes uint64
 	// OutOfMemory counts requests that failed with ErrOutOfMemory;
