@@ -89,7 +89,9 @@ func confAsync(t *testing.T, d device.Device) {
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, trimmed, uint64(keep), "a trim to %d bytes keeps at least that many", keep)
 	assert.LessOrEqual(t, trimmed, kept)
-	require.NoError(t, a.MemPoolTrimTo(math.MaxUint64))
+	// (Not math.MaxUint64: driver 580 on the H200 released everything
+	// for it, 2026-12-07.)
+	require.NoError(t, a.MemPoolTrimTo(2*trimmed))
 	again, err := a.MemPoolGetAttribute(device.MemPoolReservedMemCurrent)
 	require.NoError(t, err)
 	assert.Equal(t, trimmed, again, "a trim to more than the pool holds releases nothing")
