@@ -62,9 +62,10 @@ package pool
 // takes 1.5 s of it in one-page handles, 60 ms in 128 MiB ones). Measured on the simulated H200 with its modelled driver time
 // (BenchmarkNewcomerWait, medians of ten, 2026-12-07): a job that
 // filled the device to 92% and freed it all, then went idle, let a
-// newcomer's request for half the device succeed 622 ms after its first
-// try (708 ms for 85%); 1.77 s where the idle job's cap (MaxBytes) had it
-// map one-page handles.
+// newcomer's request for half the device succeed 751 ms after its first
+// try (782 ms for 85%), 238 ms where it had been idle for 2 s already;
+// 1.88 s where the idle job's cap (MaxBytes) had it map one-page
+// handles.
 //
 // # Cost
 //
