@@ -34,9 +34,7 @@ package pool
 //
 // # Pace
 //
-// The scavenger wakes every scavengePeriod (10 ms).
-//
-// The floor: each wake makes one cuMemGetInfo; below the floor, it
+// The floor: the scavenger wakes every scavengePeriod (10 ms); each wake makes one cuMemGetInfo; below the floor, it
 // returns the shortfall, scavengeStep bytes (64 MiB) at a time, those
 // under the largest free blocks first (vmmHeap.release), and when the
 // heap alone has too little, the per-P caches' blocks too, until the wake
@@ -59,7 +57,8 @@ package pool
 // again. A release goes at up to 51 GiB/s of one-page handles and 3 TiB/s
 // of 128 MiB ones, the driver's time aside (on an H200 about 30 µs per
 // one-page handle to unmap and release, 75 µs per 128 MiB one: 100 GiB
-// takes 1.5 s of it in one-page handles, 60 ms in 128 MiB ones). Measured on the simulated H200 with its modelled driver time
+// takes 1.5 s of it in one-page handles, 60 ms in 128 MiB ones).
+// Measured on the simulated H200 with its modelled driver time
 // (BenchmarkNewcomerWait, medians of ten, 2026-12-07): a job that
 // filled the device to 92% and freed it all, then went idle, let a
 // newcomer's request for half the device succeed 751 ms after its first
@@ -90,7 +89,9 @@ package pool
 // maps memory again as on a cold start.
 //
 // The scavenger runs unless NoScavenger is set, or FreeFloorFraction is
-// 0 and IdleRelease negative, and stops at Close. Tests drive it
+// 0 and IdleRelease negative, and stops at Close, or at its next wake
+// once the pool is dropped unclosed (it holds the pool weakly). Tests
+// drive it
 // deterministically through scavengeLocked and idleReleaseLocked, one
 // wake at a time.
 
