@@ -84,47 +84,26 @@ func TestGPUAnIdlePoolsMemoryReachesItsNeighbour(t *testing.T) {
 	if !dev.VMMSupported() {
 		t.Skip("no VMM")
 	}
-	free0, total, err := dev.MemGetInfo()
+	_, total, err := dev.MemGetInfo()
 	require.NoError(t, err)
 	idle, err := New(dev, Options{Backend: BackendVMM, FreeFloorFraction: 0.5})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, idle.Close()) }()
-	var ptrs []uintptr
-	for free := free0; free > total*3/10+giB; {
-		ptr, err := idle.Alloc(giB)
-		require.NoError(t, err)
-		ptrs = append(ptrs, ptr)
-		free, _, err = dev.MemGetInfo()
-		require.NoError(t, err)
-	}
-	for _, ptr := range ptrs {
-		require.NoError(t, idle.Free(ptr))
-	}
-	held := idle.Stats().Reserved
+	held := fillAndFree(t, dev, idle, total*3/10+giB)
 	start := time.Now()
 	busy, err := New(dev, Options{Backend: BackendVMM})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, busy.Close()) }()
 	want := total * 4 / 10
-	var ptr uintptr
-	tries := 0
-	for ; tries < 1000; tries++ {
-		if ptr, err = busy.Alloc(want); err == nil {
-			break
-		}
-		require.ErrorIs(t, err, ErrOutOfMemory)
-		time.Sleep(time.Millisecond)
-	}
-	require.NoError(t, err, "the idle pool's memory came back")
-	st := idle.Stats()
+	ptr, tries := allocRetrying(t, busy, want, 1000)
 	t.Logf("idle pool held %.1f GiB unused; a %.1f GiB request on its neighbour succeeded after %v (%d failed tries); the scavenger returned %.1f GiB",
-		float64(held)/float64(giB), float64(want)/float64(giB), time.Since(start), tries, float64(st.ScavengedBytes)/float64(giB))
+		float64(held)/float64(giB), float64(want)/float64(giB), time.Since(start), tries, float64(idle.Stats().ScavengedBytes)/float64(giB))
 	require.NoError(t, busy.Free(ptr))
 }
 
 // The same with default options in both pools: IdleRelease, no floor. The
-// idle pool gives back everything unused once idle for 500 ms, the device
-// having less free than that.
+// idle pool gives back everything unused once idle for 500 ms and another
+// process (here, the newcomer's first block) has grown.
 func TestGPUAnIdlePoolGivesItsMemoryToANewcomerByDefault(t *testing.T) {
 	dev := openGPU(t)
 	if !dev.VMMSupported() {
@@ -135,18 +114,7 @@ func TestGPUAnIdlePoolGivesItsMemoryToANewcomerByDefault(t *testing.T) {
 	idle, err := New(dev, Options{Backend: BackendVMM})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, idle.Close()) }()
-	var ptrs []uintptr
-	for free := total; free > total/10+giB; {
-		ptr, err := idle.Alloc(giB)
-		require.NoError(t, err)
-		ptrs = append(ptrs, ptr)
-		free, _, err = dev.MemGetInfo()
-		require.NoError(t, err)
-	}
-	for _, ptr := range ptrs {
-		require.NoError(t, idle.Free(ptr))
-	}
-	held := idle.Stats().Reserved
+	held := fillAndFree(t, dev, idle, total/10+giB)
 	start := time.Now()
 	late, err := New(dev, Options{Backend: BackendVMM})
 	require.NoError(t, err)
@@ -157,18 +125,46 @@ func TestGPUAnIdlePoolGivesItsMemoryToANewcomerByDefault(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, late.Free(first)) }()
 	want := total / 2
-	var ptr uintptr
-	tries := 0
-	for ; tries < 5000; tries++ {
-		if ptr, err = late.Alloc(want); err == nil {
+	ptr, tries := allocRetrying(t, late, want, 5000)
+	t.Logf("idle pool held %.1f GiB unused; a %.1f GiB request of a newcomer succeeded after %v (%d failed tries); the scavenger returned %.1f GiB",
+		float64(held)/float64(giB), float64(want)/float64(giB), time.Since(start), tries, float64(idle.Stats().ScavengedBytes)/float64(giB))
+	require.NoError(t, late.Free(ptr))
+}
+
+// fillAndFree allocates 1 GiB blocks from p until the device has at most
+// leave bytes free, frees them, and returns the memory p then holds.
+func fillAndFree(t *testing.T, dev *cuda.Device, p *Pool, leave uint64) uint64 {
+	t.Helper()
+	var ptrs []uintptr
+	for {
+		free, _, err := dev.MemGetInfo()
+		require.NoError(t, err)
+		if free <= leave {
 			break
+		}
+		ptr, err := p.Alloc(giB)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	for _, ptr := range ptrs {
+		require.NoError(t, p.Free(ptr))
+	}
+	return p.Stats().Reserved
+}
+
+// allocRetrying asks p for want bytes every millisecond, up to tries
+// times, each failure out of memory, until one succeeds; it returns the
+// block and the failures.
+func allocRetrying(t *testing.T, p *Pool, want uint64, tries int) (uintptr, int) {
+	t.Helper()
+	for failed := 0; failed < tries; failed++ {
+		ptr, err := p.Alloc(want)
+		if err == nil {
+			return ptr, failed
 		}
 		require.ErrorIs(t, err, ErrOutOfMemory)
 		time.Sleep(time.Millisecond)
 	}
-	require.NoError(t, err, "the idle pool's memory came back")
-	st := idle.Stats()
-	t.Logf("idle pool held %.1f GiB unused; a %.1f GiB request of a newcomer succeeded after %v (%d failed tries); the scavenger returned %.1f GiB",
-		float64(held)/float64(giB), float64(want)/float64(giB), time.Since(start), tries, float64(st.ScavengedBytes)/float64(giB))
-	require.NoError(t, late.Free(ptr))
+	t.Fatalf("no %d bytes after %d tries: the idle pool's memory did not come back", want, tries)
+	return 0, tries
 }

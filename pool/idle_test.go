@@ -56,17 +56,7 @@ func TestAnIdlePoolGivesItsUnusedMemoryToANewcomer(t *testing.T) {
 				a := openPool(t, da, Options{Backend: be, NoScavenger: true, Cache: cm.opts()})
 				keep, err := a.Alloc(64 * miB)
 				require.NoError(t, err)
-				var ptrs []uintptr
-				for range 40 {
-					ptr, err := a.Alloc(16 * miB)
-					require.NoError(t, err)
-					ptrs = append(ptrs, ptr)
-				}
-				for range 64 {
-					ptr, err := a.Alloc(4 * kiB)
-					require.NoError(t, err)
-					ptrs = append(ptrs, ptr)
-				}
+				ptrs := append(allocBlocks(t, a, 40, 16*miB), allocBlocks(t, a, 64, 4*kiB)...)
 				for _, ptr := range ptrs {
 					require.NoError(t, a.Free(ptr))
 				}
