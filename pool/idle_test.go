@@ -53,7 +53,7 @@ func TestAnIdlePoolGivesItsUnusedMemoryToANewcomer(t *testing.T) {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
 				sa := idleDevice()
 				da := onSim(sa)
-				a := openPool(t, da, Options{Backend: be, NoScavenger: true, Cache: cm.opts()})
+				a := openPool(t, da, Options{Backend: be, NoScavenger: true, IdleRelease: defaultIdleRelease, Cache: cm.opts()})
 				keep, err := a.Alloc(64 * miB)
 				require.NoError(t, err)
 				ptrs := append(allocBlocks(t, a, 40, 16*miB), allocBlocks(t, a, 64, 4*kiB)...)
@@ -112,7 +112,7 @@ func TestAnIdlePoolKeepsItsMemoryWhileNoOtherProcessGrows(t *testing.T) {
 			_, err := n.MemAlloc(64 * miB)
 			require.NoError(t, err)
 		}
-		p := openPool(t, d, Options{Backend: BackendVMM, NoScavenger: true})
+		p := openPool(t, d, Options{Backend: BackendVMM, NoScavenger: true, IdleRelease: defaultIdleRelease})
 		for _, ptr := range allocBlocks(t, p, 22, 32*miB) {
 			require.NoError(t, p.Free(ptr))
 		}
@@ -159,7 +159,7 @@ func TestAnyActivityRestartsTheIdleClock(t *testing.T) {
 		t.Run(op.name, func(t *testing.T) {
 			sa := idleDevice()
 			da := onSim(sa)
-			p := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, Cache: CacheOptions{Eager: true}})
+			p := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, IdleRelease: defaultIdleRelease, Cache: CacheOptions{Eager: true}})
 			ptrs := allocBlocks(t, p, 20, 32*miB)
 			for _, ptr := range ptrs[2:] {
 				require.NoError(t, p.Free(ptr))
@@ -192,7 +192,7 @@ func TestAnyActivityRestartsTheIdleClock(t *testing.T) {
 func TestAnIdlePoolReturnsFreesPendingOnOtherStreams(t *testing.T) {
 	sa := idleDevice()
 	da := onSim(sa)
-	a := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, Cache: CacheOptions{Disable: true}})
+	a := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, IdleRelease: defaultIdleRelease, Cache: CacheOptions{Disable: true}})
 	keep, err := a.Alloc(miB) // the default stream: frees on others are stream-ordered
 	require.NoError(t, err)
 	s1, err := sa.StreamCreate()
@@ -328,4 +328,81 @@ func TestADroppedPoolsScavengerStops(t *testing.T) {
 		}
 	}
 	t.Fatal("the scavenger of a dropped pool still runs")
+}
+
+// A newcomer that comes after an earlier one left is served as the first
+// was: the busy pool keeps looking at the device (idleLowPeriod), so the
+// least others held falls when the first leaves.
+func TestASecondNewcomerIsServedAfterTheFirstLeft(t *testing.T) {
+	sa := idleDevice()
+	da := onSim(sa)
+	a := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, IdleRelease: defaultIdleRelease, Cache: CacheOptions{Disable: true}})
+	churn := func() {
+		for _, ptr := range allocBlocks(t, a, 22, 32*miB) {
+			require.NoError(t, a.Free(ptr))
+		}
+	}
+	churn()
+	t0 := time.Unix(1000, 0)
+	idleWake(t, a, t0)
+	first := sa.NewProcess()
+	at := idleWakes(t, a, t0.Add(a.opts.IdleRelease), 32)
+	require.Less(t, a.Stats().Reserved, 64*miB, "served the first newcomer")
+	require.NoError(t, first.Close())
+	for range 3 { // busy for two seconds after the first left
+		churn()
+		idleWake(t, a, at)
+		at = at.Add(time.Second)
+	}
+	held := a.Stats().Reserved
+	second := sa.NewProcess()
+	defer func() { require.NoError(t, second.Close()) }()
+	idleWakes(t, a, at.Add(a.opts.IdleRelease), 32)
+	assert.Less(t, a.Stats().Reserved, held, "served the second as the first")
+	checkStep(t, a, da)
+}
+
+// Wakes come a few µs early as often as not; the rule keeps its pace
+// all the same: the release begins at the wake IdleRelease after the
+// last activity, not one idleCheckPeriod later.
+func TestWakesAFewMicrosecondsEarlyKeepThePace(t *testing.T) {
+	sa := idleDevice()
+	da := onSim(sa)
+	a := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, IdleRelease: defaultIdleRelease, Cache: CacheOptions{Disable: true}})
+	for _, ptr := range allocBlocks(t, a, 22, 32*miB) {
+		require.NoError(t, a.Free(ptr))
+	}
+	other := sa.NewProcess()
+	defer func() { require.NoError(t, other.Close()) }()
+	t0 := time.Unix(1000, 0)
+	idleWake(t, a, t0)
+	var first time.Duration
+	for k := 1; k <= 10 && first == 0; k++ {
+		at := t0.Add(time.Duration(k)*idleCheckPeriod - time.Microsecond)
+		if idleWake(t, a, at) > 0 {
+			first = at.Sub(t0).Round(idleCheckPeriod)
+		}
+	}
+	assert.Equal(t, a.opts.IdleRelease, first)
+}
+
+// InitialFraction's reserve stays until the pool is first used: a pool
+// that never served a request is not idle, it is waiting.
+func TestAnInitialReserveStaysUntilThePoolIsUsed(t *testing.T) {
+	sa := idleDevice()
+	da := onSim(sa)
+	a := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, IdleRelease: defaultIdleRelease, InitialFraction: 0.8})
+	held := a.Stats().Reserved
+	require.Greater(t, held, 600*miB)
+	other := sa.NewProcess()
+	defer func() { require.NoError(t, other.Close()) }()
+	t0 := time.Unix(1000, 0)
+	at := idleWakes(t, a, t0, 100)
+	assert.Equal(t, held, a.Stats().Reserved, "never used: kept")
+	ptr, err := a.Alloc(miB)
+	require.NoError(t, err)
+	require.NoError(t, a.Free(ptr))
+	idleWakes(t, a, at, 100)
+	assert.Less(t, a.Stats().Reserved, held, "used, then idle: returned")
+	checkStep(t, a, da)
 }

@@ -167,8 +167,11 @@ type Options struct {
 	// neighbour it leaves to FreeFloorFraction). The idle pool maps
 	// memory again when it resumes: its next requests pay a cold start
 	// (tens of ms for 100 GiB of 128 MiB handles on an H200). A pool alone
-	// on its GPU keeps its memory through pauses. Default (0): 500 ms.
-	// Negative: never.
+	// on its GPU keeps its memory through pauses, but for this process's
+	// own memory outside the pool, which the device counts with the
+	// others' (64 MiB more of it makes the next pause a release, once); a
+	// pool never used keeps InitialFraction's reserve. Default (0):
+	// 500 ms. Negative: never.
 	IdleRelease time.Duration
 	// NoScavenger turns the background scavenger off: FreeFloorFraction
 	// is then checked on locked frees only, and IdleRelease never applies.

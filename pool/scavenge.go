@@ -27,7 +27,11 @@ package pool
 //     and one whose neighbours hold what they held at its last release
 //     too: a neighbour that started before this pool did, or before its
 //     last release, and fails requests without growing, is served only
-//     by a floor (FreeFloorFraction) or Trim.
+//     by a floor (FreeFloorFraction) or Trim. "Others" is what the device
+//     can tell: it counts this process's memory outside the pool too
+//     (cudaMalloc'd workspaces, NCCL's buffers, modules loaded late), so
+//     64 MiB of that makes the next pause a release, once. A pool never
+//     used keeps InitialFraction's reserve: it is waiting, not idle.
 //
 // So, like the Go runtime's background scavenger (mgcscavenge.go), a
 // goroutine wakes on its own and returns memory.
@@ -80,8 +84,11 @@ package pool
 //
 // Idle: a busy pool pays the pool's lock for the two counters' read (and
 // each P's cache lock for its two), tens of ns a wake, 10 wakes a
-// second. An idle pool holding unused memory: one cuMemGetInfo per 100
-// ms, for as long as it stays idle. A release holds the lock of a pool
+// second, and one cuMemGetInfo a second (idleLowPeriod), so that the
+// least others held stays current: a neighbour that left while the pool
+// worked lowers it, and the next to come counts. An idle pool holding
+// unused memory: one cuMemGetInfo per 100 ms, for as long as it stays
+// idle. A release holds the lock of a pool
 // no caller uses for up to idleCalls calls a wake (about 8 ms of
 // one-page handles on an H200, 19 ms of 128 MiB ones), and the time to
 // synchronize streams that freed memory (cuStreamSynchronize, as every
@@ -119,6 +126,10 @@ const (
 	// idleCalls: driver calls per wake of an idle pool's release (see
 	// Idle above): 8 times scavengeCalls, as no caller waits for the lock.
 	idleCalls = 8 * scavengeCalls
+	// idleLowPeriod: while the pool is busy, the scavenger reads the
+	// device's free memory this often (one cuMemGetInfo a second, 2.5 µs
+	// on an H200) to keep the least others held (othersNow).
+	idleLowPeriod = time.Second
 	// idleOthersGrowth: how much more others must hold than the least
 	// they held since New or the last release before an idle pool gives
 	// its memory back: less than any CUDA context (hundreds of MiB on an
@@ -198,9 +209,7 @@ func (p *Pool) wakeLocked(now time.Time) {
 	if p.opts.FreeFloorFraction > 0 {
 		_, _ = p.scavengeLocked()
 	}
-	if p.opts.IdleRelease > 0 {
-		_, _ = p.idleReleaseLocked(now)
-	}
+	_, _ = p.idleReleaseLocked(now)
 }
 
 // halt stops the scavenger and waits for it to exit. Safe to call more
@@ -305,49 +314,58 @@ func (p *Pool) activity() uint64 {
 }
 
 // idleReleaseLocked is IdleRelease's rule at a wake at time now. Once the
-// pool has made no request or free for IdleRelease it looks, at most
-// every idleCheckPeriod, at what it holds unused (reserved, less the
-// blocks in use and the frees still pending after a poll) and, where
-// there is some, at the device (cuMemGetInfo): what others hold, total
-// less free less this pool's reserved memory (other processes, and this
-// process's context and memory of its own). Where that grew by
-// idleOthersGrowth past the least it was since New or the last release
-// (a process started, or a neighbour grew), the pool returns all its
-// unused memory, idleCalls driver calls' work per wake, until none is
-// left or the pool is used again. It returns the bytes returned at this
-// wake. Pool lock held.
+// pool, used at least once, has made no request or free for IdleRelease
+// it looks, at most every idleCheckPeriod, at what it holds unused
+// (reserved, less the blocks in use and the frees still pending after a
+// poll) and, where there is some, at what others hold on the device
+// (othersNow). Where that grew by idleOthersGrowth past the least it was
+// since New or the last release (a process started, or a neighbour
+// grew), the pool returns all its unused memory, idleCalls driver calls'
+// work per wake, until none is left or the pool is used again. While the
+// pool is busy it looks at the device every idleLowPeriod, so that the
+// least stays the least since then: a neighbour that leaves while the
+// pool works, and another that comes, count. It returns the bytes
+// returned at this wake. Pool lock held.
 func (p *Pool) idleReleaseLocked(now time.Time) (uint64, error) {
+	if p.opts.IdleRelease <= 0 {
+		return 0, nil
+	}
 	w := &p.idle
+	// Wakes come a few µs early or late: half a period of slack, so that
+	// a check due at a wake is not put off to the next.
+	const slack = scavengePeriod / 2
 	if ops := p.activity(); ops != w.ops || w.since.IsZero() {
 		w.ops, w.since, w.releasing = ops, now, false
-		return 0, nil
-	}
-	if now.Sub(w.since) < p.opts.IdleRelease {
-		return 0, nil
-	}
-	prev := p.dev.enter(PathScavenge)
-	defer p.dev.leave(prev)
-	if !w.releasing {
-		if now.Sub(w.checked) < idleCheckPeriod {
+		if ops == 0 || now.Sub(w.checked) < idleLowPeriod-slack {
 			return 0, nil
 		}
 		w.checked = now
+		_, err := p.othersNow()
+		return 0, err
+	}
+	if w.ops == 0 || now.Sub(w.since) < p.opts.IdleRelease-slack {
+		return 0, nil // never used (InitialFraction's reserve stays), or not idle long enough
+	}
+	if !w.releasing {
+		if now.Sub(w.checked) < idleCheckPeriod-slack {
+			return 0, nil
+		}
+		w.checked = now
+		prev := p.dev.enter(PathScavenge)
 		_ = p.pollPending(false) // frees whose streams are done count as unused
+		p.dev.leave(prev)
 		r := p.reserved()
 		if r-min(r, p.activeNow()) == 0 {
 			return 0, nil
 		}
-		free, total, err := p.dev.MemGetInfo()
-		if err != nil {
+		others, err := p.othersNow()
+		if err != nil || others < w.othersLow+idleOthersGrowth {
 			return 0, err
-		}
-		others := total - min(total, free+r)
-		w.othersLow = min(w.othersLow, others)
-		if others < w.othersLow+idleOthersGrowth {
-			return 0, nil
 		}
 		w.releasing, w.trigger = true, others
 	}
+	prev := p.dev.enter(PathScavenge)
+	defer p.dev.leave(prev)
 	n, exhausted, err := p.scavengeUpTo(math.MaxUint64, idleCalls)
 	switch {
 	case err != nil:
@@ -362,4 +380,20 @@ func (p *Pool) idleReleaseLocked(now time.Time) (uint64, error) {
 		}
 	}
 	return n, err
+}
+
+// othersNow returns what others hold on the device in bytes: total less
+// free (cuMemGetInfo) less the pool's reserved memory, other processes'
+// memory and contexts, and this process's context and its memory outside
+// the pool. It lowers idleWatch.othersLow to it. Pool lock held.
+func (p *Pool) othersNow() (uint64, error) {
+	prev := p.dev.enter(PathScavenge)
+	defer p.dev.leave(prev)
+	free, total, err := p.dev.MemGetInfo()
+	if err != nil {
+		return 0, err
+	}
+	others := total - min(total, free+p.reserved())
+	p.idle.othersLow = min(p.idle.othersLow, others)
+	return others, nil
 }
