@@ -34,7 +34,9 @@ type AsyncAllocator interface {
 	// device, keeping at least keep bytes reserved (cuMemPoolTrimTo's
 	// minBytesToKeep): a pool holding keep bytes or fewer is left as it
 	// is, and memory that live allocations use is never released, so the
-	// pool may keep more than keep. Errors: ErrNotSupported; after Close,
+	// pool may keep more than keep. A keep within a granule of 2^64 wraps
+	// to 0 (driver 580 on the H200 released everything for 2^64 − 1;
+	// sim models it). Errors: ErrNotSupported; after Close,
 	// ErrInvalidValue.
 	MemPoolTrimTo(keep uint64) error
 	// MemPoolGetAttribute reads a 64-bit attribute of the default pool

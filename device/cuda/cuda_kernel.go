@@ -16,6 +16,7 @@ package cuda
 // what compute-sanitizer checks (`tlsf-stress sanitize`).
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -136,6 +137,12 @@ func (d *Device) StoreByte(ptr uintptr, value byte, s device.Stream) error {
 	m := v.(*kernelModule)
 	m.once.Do(func() { m.fn, m.err = d.loadStoreKernel(e) })
 	if m.err != nil {
+		if errors.Is(m.err, errCUDAClosed) {
+			// This device closed between the check above and the load:
+			// its error is no answer for other devices of the context,
+			// which load the module again.
+			kernelModules.CompareAndDelete(d.ctx, m)
+		}
 		return m.err
 	}
 	// cuLaunchKernel reads kernelParams, an array of pointers to each

@@ -171,7 +171,9 @@ func (s *Device) asyncRelease(c device.Call, keep uint64) {
 // MemPoolTrimTo returns to the GPU what the default pool holds beyond
 // max(live bytes, keep), each rounded up to a granule (cuMemPoolTrimTo):
 // it keeps at least keep bytes, and releases nothing of a pool holding
-// no more. Errors: after Close, ErrInvalidValue; else only injected
+// no more. A keep within a granule of 2^64 wraps to 0 when rounded up,
+// as driver 580's did on the H200 (2^64 − 1 released everything,
+// 2026-12-07). Errors: after Close, ErrInvalidValue; else only injected
 // faults.
 func (s *Device) MemPoolTrimTo(keep uint64) error {
 	const c = device.CallMemPoolTrimTo
@@ -179,7 +181,7 @@ func (s *Device) MemPoolTrimTo(keep uint64) error {
 		g := s.cfg.Granularity
 		up, ok := roundUp64(keep, g)
 		if !ok {
-			up = ^uint64(0) // beyond any pool: nothing released
+			up = 0 // wraps, as the driver's rounding did
 		}
 		s.asyncRelease(c, up)
 		return 0, nil

@@ -165,7 +165,7 @@ func TestSimAsyncTrimKeepsAtLeastKeep(t *testing.T) {
 		return v
 	}
 	require.Equal(t, uint64(4*g), reserved())
-	require.NoError(t, s.MemPoolTrimTo(^uint64(0)))
+	require.NoError(t, s.MemPoolTrimTo(8*g))
 	assert.Equal(t, uint64(4*g), reserved(), "a target above the pool releases nothing")
 	require.NoError(t, s.MemPoolTrimTo(3*simMiB))
 	assert.Equal(t, uint64(2*g), reserved(), "3 MiB kept as two granules, not one")
@@ -176,6 +176,16 @@ func TestSimAsyncTrimKeepsAtLeastKeep(t *testing.T) {
 	require.NoError(t, s.MemPoolTrimTo(0))
 	assert.Zero(t, reserved())
 	assert.Zero(t, s.Used())
+
+	// A target within a granule of 2^64 wraps to 0 when rounded up, as
+	// driver 580's did on the H200 (2026-12-07): everything unused goes.
+	p, err = s.MemAllocAsync(7*simMiB, 0)
+	require.NoError(t, err)
+	require.NoError(t, s.MemFreeAsync(p, 0))
+	require.NoError(t, s.StreamSynchronize(0))
+	require.Equal(t, uint64(4*g), reserved())
+	require.NoError(t, s.MemPoolTrimTo(^uint64(0)))
+	assert.Zero(t, reserved(), "2^64 - 1 wraps")
 	require.NoError(t, s.Close())
 	assert.ErrorIs(t, s.MemPoolTrimTo(0), device.ErrInvalidValue, "after Close")
 }
