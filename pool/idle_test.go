@@ -331,8 +331,8 @@ func TestADroppedPoolsScavengerStops(t *testing.T) {
 }
 
 // A newcomer that comes after an earlier one left is served as the first
-// was: the busy pool keeps looking at the device (idleLowPeriod), so the
-// least others held falls when the first leaves.
+// was: the pool, growing again after its release, looks at the device,
+// and the least others held falls to what they hold without the first.
 func TestASecondNewcomerIsServedAfterTheFirstLeft(t *testing.T) {
 	sa := idleDevice()
 	da := onSim(sa)

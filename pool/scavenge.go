@@ -27,7 +27,10 @@ package pool
 //     and one whose neighbours hold what they held at its last release
 //     too: a neighbour that started before this pool did, or before its
 //     last release, and fails requests without growing, is served only
-//     by a floor (FreeFloorFraction) or Trim. "Others" is what the device
+//     by a floor (FreeFloorFraction) or Trim; so is one that left and
+//     was replaced while this pool worked without growing (the least is
+//     taken at this pool's own looks, when it grows, and while idle).
+//     "Others" is what the device
 //     can tell: it counts this process's memory outside the pool too
 //     (cudaMalloc'd workspaces, NCCL's buffers, modules loaded late), so
 //     64 MiB of that makes the next pause a release, once. A pool never
@@ -84,11 +87,8 @@ package pool
 //
 // Idle: a busy pool pays the pool's lock for the two counters' read (and
 // each P's cache lock for its two), tens of ns a wake, 10 wakes a
-// second, and one cuMemGetInfo a second (idleLowPeriod), so that the
-// least others held stays current: a neighbour that left while the pool
-// worked lowers it, and the next to come counts. An idle pool holding
-// unused memory: one cuMemGetInfo per 100 ms, for as long as it stays
-// idle. A release holds the lock of a pool
+// second, and no driver call. An idle pool holding unused memory: one
+// cuMemGetInfo per 100 ms, for as long as it stays idle. A release holds the lock of a pool
 // no caller uses for up to idleCalls calls a wake (about 8 ms of
 // one-page handles on an H200, 19 ms of 128 MiB ones), and the time to
 // synchronize streams that freed memory (cuStreamSynchronize, as every
@@ -126,10 +126,6 @@ const (
 	// idleCalls: driver calls per wake of an idle pool's release (see
 	// Idle above): 8 times scavengeCalls, as no caller waits for the lock.
 	idleCalls = 8 * scavengeCalls
-	// idleLowPeriod: while the pool is busy, the scavenger reads the
-	// device's free memory this often (one cuMemGetInfo a second, 2.5 µs
-	// on an H200) to keep the least others held (othersNow).
-	idleLowPeriod = time.Second
 	// idleOthersGrowth: how much more others must hold than the least
 	// they held since New or the last release before an idle pool gives
 	// its memory back: less than any CUDA context (hundreds of MiB on an
@@ -322,10 +318,10 @@ func (p *Pool) activity() uint64 {
 // since New or the last release (a process started, or a neighbour
 // grew), the pool returns all its unused memory, idleCalls driver calls'
 // work per wake, until none is left or the pool is used again. While the
-// pool is busy it looks at the device every idleLowPeriod, so that the
-// least stays the least since then: a neighbour that leaves while the
-// pool works, and another that comes, count. It returns the bytes
-// returned at this wake. Pool lock held.
+// pool is busy, the looks its own growths take (Pool.seen) lower the
+// least too, with no driver call of the scavenger's: a neighbour that
+// left before the pool last grew, and another that comes, count. It
+// returns the bytes returned at this wake. Pool lock held.
 func (p *Pool) idleReleaseLocked(now time.Time) (uint64, error) {
 	if p.opts.IdleRelease <= 0 {
 		return 0, nil
@@ -334,14 +330,12 @@ func (p *Pool) idleReleaseLocked(now time.Time) (uint64, error) {
 	// Wakes come a few µs early or late: half a period of slack, so that
 	// a check due at a wake is not put off to the next.
 	const slack = scavengePeriod / 2
+	if s := p.seen; s.ok {
+		w.othersLow = min(w.othersLow, p.total-min(p.total, s.free+s.reserved))
+	}
 	if ops := p.activity(); ops != w.ops || w.since.IsZero() {
 		w.ops, w.since, w.releasing = ops, now, false
-		if ops == 0 || now.Sub(w.checked) < idleLowPeriod-slack {
-			return 0, nil
-		}
-		w.checked = now
-		_, err := p.othersNow()
-		return 0, err
+		return 0, nil
 	}
 	if w.ops == 0 || now.Sub(w.since) < p.opts.IdleRelease-slack {
 		return 0, nil // never used (InitialFraction's reserve stays), or not idle long enough
