@@ -68,9 +68,9 @@ package pool
 // Measured on the simulated H200 with its modelled driver time
 // (BenchmarkNewcomerWait, medians of ten, 2026-12-07): a job that
 // filled the device to 92% and freed it all, then went idle, let a
-// newcomer's request for half the device succeed 751 ms after its first
-// try (782 ms for 85%), 238 ms where it had been idle for 2 s already;
-// 1.88 s where the idle job's cap (MaxBytes) had it map one-page
+// newcomer's request for half the device succeed 656 ms after its first
+// try (718 ms for 85%), 154 ms where it had been idle for 2 s already;
+// 1.85 s where the idle job's cap (MaxBytes) had it map one-page
 // handles.
 //
 // # Cost
