@@ -331,8 +331,8 @@ func TestADroppedPoolsScavengerStops(t *testing.T) {
 }
 
 // A newcomer that comes after an earlier one left is served as the first
-// was: the pool, growing again after its release, looks at the device,
-// and the least others held falls to what they hold without the first.
+// was: the busy pool looks at the device every idleLowPeriod, and the
+// least others held falls to what they hold without the first.
 func TestASecondNewcomerIsServedAfterTheFirstLeft(t *testing.T) {
 	sa := idleDevice()
 	da := onSim(sa)
@@ -349,7 +349,7 @@ func TestASecondNewcomerIsServedAfterTheFirstLeft(t *testing.T) {
 	at := idleWakes(t, a, t0.Add(a.opts.IdleRelease), 32)
 	require.Less(t, a.Stats().Reserved, 64*miB, "served the first newcomer")
 	require.NoError(t, first.Close())
-	for range 3 { // busy for two seconds after the first left
+	for range 12 { // busy for eleven seconds after the first left
 		churn()
 		idleWake(t, a, at)
 		at = at.Add(time.Second)
@@ -404,5 +404,32 @@ func TestAnInitialReserveStaysUntilThePoolIsUsed(t *testing.T) {
 	require.NoError(t, a.Free(ptr))
 	idleWakes(t, a, at, 100)
 	assert.Less(t, a.Stats().Reserved, held, "used, then idle: returned")
+	checkStep(t, a, da)
+}
+
+// A neighbour that came and stays as it is gets one release: the pool,
+// used again and idle again, keeps its memory (the looks it took before
+// the neighbour came count no more).
+func TestAStaticNeighbourGetsOneRelease(t *testing.T) {
+	sa := idleDevice()
+	da := onSim(sa)
+	a := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, IdleRelease: defaultIdleRelease, Cache: CacheOptions{Disable: true}})
+	churn := func() {
+		for _, ptr := range allocBlocks(t, a, 12, 32*miB) {
+			require.NoError(t, a.Free(ptr))
+		}
+	}
+	churn()
+	t0 := time.Unix(1000, 0)
+	idleWake(t, a, t0)
+	b := sa.NewProcess()
+	defer func() { require.NoError(t, b.Close()) }()
+	at := idleWakes(t, a, t0.Add(a.opts.IdleRelease), 32)
+	require.Less(t, a.Stats().Reserved, 64*miB, "released for the neighbour")
+	churn()
+	idleWake(t, a, at)
+	held := a.Stats().Reserved
+	idleWakes(t, a, at.Add(a.opts.IdleRelease), 100)
+	assert.Equal(t, held, a.Stats().Reserved, "the neighbour holds what it held: kept")
 	checkStep(t, a, da)
 }

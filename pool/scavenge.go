@@ -28,9 +28,9 @@ package pool
 //     too: a neighbour that started before this pool did, or before its
 //     last release, and fails requests without growing, is served only
 //     by a floor (FreeFloorFraction) or Trim; so is one that left and
-//     was replaced while this pool worked without growing (the least is
-//     taken at this pool's own looks, when it grows, and while idle).
-//     "Others" is what the device
+//     was replaced within 10 s while this pool worked without growing
+//     (the least is taken at this pool's own looks, when it grows, every
+//     idleLowPeriod while busy, and while idle). "Others" is what the device
 //     can tell: it counts this process's memory outside the pool too
 //     (cudaMalloc'd workspaces, NCCL's buffers, modules loaded late), so
 //     64 MiB of that makes the next pause a release, once. A pool never
@@ -87,8 +87,9 @@ package pool
 //
 // Idle: a busy pool pays the pool's lock for the two counters' read (and
 // each P's cache lock for its two), tens of ns a wake, 10 wakes a
-// second, and no driver call. An idle pool holding unused memory: one
-// cuMemGetInfo per 100 ms, for as long as it stays idle. A release holds the lock of a pool
+// second, and one cuMemGetInfo every 10 s (idleLowPeriod). An idle pool
+// holding unused memory: one cuMemGetInfo per 100 ms, for as long as it
+// stays idle. A release holds the lock of a pool
 // no caller uses for up to idleCalls calls a wake (about 8 ms of
 // one-page handles on an H200, 19 ms of 128 MiB ones), and the time to
 // synchronize streams that freed memory (cuStreamSynchronize, as every
@@ -133,6 +134,12 @@ const (
 	// driver's own allocations of a process at work (streams, events,
 	// modules: a few MiB).
 	idleOthersGrowth = 64 << 20
+	// idleLowPeriod: while the pool is busy, the scavenger looks at the
+	// device this often (one cuMemGetInfo, 2.5 µs on an H200), so that a
+	// neighbour that left while the pool worked without growing lowers
+	// the least others held. Jobs come and go minutes apart; a warm
+	// replay of a few seconds makes no such call.
+	idleLowPeriod = 10 * time.Second
 )
 
 // scavenger is the background goroutine's handle.
@@ -298,6 +305,7 @@ type idleWatch struct {
 	since     time.Time // the wake that saw ops change
 	checked   time.Time // the last look at the device
 	othersLow uint64    // the least others held (bytes) since New or the last release
+	seen      seenFree  // the pool's last look (Pool.seen) taken into othersLow
 	trigger   uint64    // what others held when the release began
 	releasing bool      // a release began and has more to return
 }
@@ -319,9 +327,9 @@ func (p *Pool) activity() uint64 {
 // grew), the pool returns all its unused memory, idleCalls driver calls'
 // work per wake, until none is left or the pool is used again. While the
 // pool is busy, the looks its own growths take (Pool.seen) lower the
-// least too, with no driver call of the scavenger's: a neighbour that
-// left before the pool last grew, and another that comes, count. It
-// returns the bytes returned at this wake. Pool lock held.
+// least too, and so does a look of the scavenger's every idleLowPeriod:
+// a neighbour that left while the pool worked, and another that comes,
+// count. It returns the bytes returned at this wake. Pool lock held.
 func (p *Pool) idleReleaseLocked(now time.Time) (uint64, error) {
 	if p.opts.IdleRelease <= 0 {
 		return 0, nil
@@ -330,12 +338,23 @@ func (p *Pool) idleReleaseLocked(now time.Time) (uint64, error) {
 	// Wakes come a few µs early or late: half a period of slack, so that
 	// a check due at a wake is not put off to the next.
 	const slack = scavengePeriod / 2
-	if s := p.seen; s.ok {
+	if s := p.seen; s.ok && s != w.seen {
+		w.seen = s
 		w.othersLow = min(w.othersLow, p.total-min(p.total, s.free+s.reserved))
 	}
 	if ops := p.activity(); ops != w.ops || w.since.IsZero() {
+		if w.since.IsZero() {
+			w.checked = now
+		}
 		w.ops, w.since, w.releasing = ops, now, false
-		return 0, nil
+		if ops == 0 || now.Sub(w.checked) < idleLowPeriod-slack {
+			return 0, nil
+		}
+		// Busy for idleLowPeriod since the last look: one more, so that a
+		// neighbour that left while the pool worked lowers the least.
+		w.checked = now
+		_, err := p.othersNow()
+		return 0, err
 	}
 	if w.ops == 0 || now.Sub(w.since) < p.opts.IdleRelease-slack {
 		return 0, nil // never used (InitialFraction's reserve stays), or not idle long enough
@@ -367,10 +386,11 @@ func (p *Pool) idleReleaseLocked(now time.Time) (uint64, error) {
 	case exhausted:
 		w.releasing = false
 		if p.c.pendingBlocks == 0 {
-			// Done: the next release waits for others to grow again.
-			// Frees still pending keep the old mark, so that they go
-			// back once their streams pass them.
-			w.othersLow = w.trigger
+			// Done: the next release waits for others to grow again
+			// (looks the pool took before count no more). Frees still
+			// pending keep the old mark, so that they go back once
+			// their streams pass them.
+			w.othersLow, w.seen = w.trigger, p.seen
 		}
 	}
 	return n, err
