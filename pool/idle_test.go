@@ -23,6 +23,43 @@ func idleDevice() *sim.Device {
 	return sim.New(sim.Config{Capacity: giB, ContextBytes: idleContext})
 }
 
+// idlePool makes a pool with o on a new idleDevice, its scavenger's
+// goroutine off (the tests drive the wakes) and IdleRelease at its
+// default unless o sets it (openPool turns it off).
+func idlePool(t *testing.T, o Options) (*sim.Device, testDevice, *Pool) {
+	t.Helper()
+	sa := idleDevice()
+	da := onSim(sa)
+	o.NoScavenger = true
+	if o.IdleRelease == 0 {
+		o.IdleRelease = defaultIdleRelease
+	}
+	return sa, da, openPool(t, da, o)
+}
+
+// churnUnused allocates n blocks of size bytes from p and frees them: the pool
+// holds them unused.
+func churnUnused(t *testing.T, p *Pool, n int, size uint64) {
+	t.Helper()
+	for _, ptr := range allocBlocks(t, p, n, size) {
+		require.NoError(t, p.Free(ptr))
+	}
+}
+
+// releaseForANewcomer runs churn on a, lets it go idle, starts a newcomer
+// process on sa, and runs wakes until a has returned its memory for it;
+// it returns the newcomer and the time after the last wake.
+func releaseForANewcomer(t *testing.T, sa *sim.Device, a *Pool, churn func()) (*sim.Device, time.Time) {
+	t.Helper()
+	churn()
+	t0 := time.Unix(1000, 0)
+	idleWake(t, a, t0)
+	newcomer := sa.NewProcess()
+	at := idleWakes(t, a, t0.Add(a.opts.IdleRelease), 32)
+	require.Less(t, a.Stats().Reserved, 64*miB, "released for the newcomer")
+	return newcomer, at
+}
+
 // idleWake runs one wake of IdleRelease's rule at time at.
 func idleWake(t *testing.T, p *Pool, at time.Time) uint64 {
 	t.Helper()
@@ -51,9 +88,7 @@ func TestAnIdlePoolGivesItsUnusedMemoryToANewcomer(t *testing.T) {
 	for _, be := range pooledBackends {
 		for _, cm := range cacheModes {
 			t.Run(be.String()+"/"+cm.name, func(t *testing.T) {
-				sa := idleDevice()
-				da := onSim(sa)
-				a := openPool(t, da, Options{Backend: be, NoScavenger: true, IdleRelease: defaultIdleRelease, Cache: cm.opts()})
+				sa, da, a := idlePool(t, Options{Backend: be, Cache: cm.opts()})
 				keep, err := a.Alloc(64 * miB)
 				require.NoError(t, err)
 				ptrs := append(allocBlocks(t, a, 40, 16*miB), allocBlocks(t, a, 64, 4*kiB)...)
@@ -157,9 +192,7 @@ func TestAnyActivityRestartsTheIdleClock(t *testing.T) {
 		}},
 	} {
 		t.Run(op.name, func(t *testing.T) {
-			sa := idleDevice()
-			da := onSim(sa)
-			p := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, IdleRelease: defaultIdleRelease, Cache: CacheOptions{Eager: true}})
+			sa, da, p := idlePool(t, Options{Backend: BackendVMM, Cache: CacheOptions{Eager: true}})
 			ptrs := allocBlocks(t, p, 20, 32*miB)
 			for _, ptr := range ptrs[2:] {
 				require.NoError(t, p.Free(ptr))
@@ -190,9 +223,7 @@ func TestAnyActivityRestartsTheIdleClock(t *testing.T) {
 // before it counts the pool's unused memory, and a free still pending on
 // a busy stream at the release goes back once that stream is done.
 func TestAnIdlePoolReturnsFreesPendingOnOtherStreams(t *testing.T) {
-	sa := idleDevice()
-	da := onSim(sa)
-	a := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, IdleRelease: defaultIdleRelease, Cache: CacheOptions{Disable: true}})
+	sa, da, a := idlePool(t, Options{Backend: BackendVMM, Cache: CacheOptions{Disable: true}})
 	keep, err := a.Alloc(miB) // the default stream: frees on others are stream-ordered
 	require.NoError(t, err)
 	s1, err := sa.StreamCreate()
@@ -334,20 +365,9 @@ func TestADroppedPoolsScavengerStops(t *testing.T) {
 // was: the busy pool looks at the device every idleLowPeriod, and the
 // least others held falls to what they hold without the first.
 func TestASecondNewcomerIsServedAfterTheFirstLeft(t *testing.T) {
-	sa := idleDevice()
-	da := onSim(sa)
-	a := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, IdleRelease: defaultIdleRelease, Cache: CacheOptions{Disable: true}})
-	churn := func() {
-		for _, ptr := range allocBlocks(t, a, 22, 32*miB) {
-			require.NoError(t, a.Free(ptr))
-		}
-	}
-	churn()
-	t0 := time.Unix(1000, 0)
-	idleWake(t, a, t0)
-	first := sa.NewProcess()
-	at := idleWakes(t, a, t0.Add(a.opts.IdleRelease), 32)
-	require.Less(t, a.Stats().Reserved, 64*miB, "served the first newcomer")
+	sa, da, a := idlePool(t, Options{Backend: BackendVMM, Cache: CacheOptions{Disable: true}})
+	churn := func() { churnUnused(t, a, 22, 32*miB) }
+	first, at := releaseForANewcomer(t, sa, a, churn)
 	require.NoError(t, first.Close())
 	for range 12 { // busy for eleven seconds after the first left
 		churn()
@@ -366,12 +386,8 @@ func TestASecondNewcomerIsServedAfterTheFirstLeft(t *testing.T) {
 // all the same: the release begins at the wake IdleRelease after the
 // last activity, not one idleCheckPeriod later.
 func TestWakesAFewMicrosecondsEarlyKeepThePace(t *testing.T) {
-	sa := idleDevice()
-	da := onSim(sa)
-	a := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, IdleRelease: defaultIdleRelease, Cache: CacheOptions{Disable: true}})
-	for _, ptr := range allocBlocks(t, a, 22, 32*miB) {
-		require.NoError(t, a.Free(ptr))
-	}
+	sa, _, a := idlePool(t, Options{Backend: BackendVMM, Cache: CacheOptions{Disable: true}})
+	churnUnused(t, a, 22, 32*miB)
 	other := sa.NewProcess()
 	defer func() { require.NoError(t, other.Close()) }()
 	t0 := time.Unix(1000, 0)
@@ -389,9 +405,7 @@ func TestWakesAFewMicrosecondsEarlyKeepThePace(t *testing.T) {
 // InitialFraction's reserve stays until the pool is first used: a pool
 // that never served a request is not idle, it is waiting.
 func TestAnInitialReserveStaysUntilThePoolIsUsed(t *testing.T) {
-	sa := idleDevice()
-	da := onSim(sa)
-	a := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, IdleRelease: defaultIdleRelease, InitialFraction: 0.8})
+	sa, da, a := idlePool(t, Options{Backend: BackendVMM, InitialFraction: 0.8})
 	held := a.Stats().Reserved
 	require.Greater(t, held, 600*miB)
 	other := sa.NewProcess()
@@ -411,21 +425,10 @@ func TestAnInitialReserveStaysUntilThePoolIsUsed(t *testing.T) {
 // used again and idle again, keeps its memory (the looks it took before
 // the neighbour came count no more).
 func TestAStaticNeighbourGetsOneRelease(t *testing.T) {
-	sa := idleDevice()
-	da := onSim(sa)
-	a := openPool(t, da, Options{Backend: BackendVMM, NoScavenger: true, IdleRelease: defaultIdleRelease, Cache: CacheOptions{Disable: true}})
-	churn := func() {
-		for _, ptr := range allocBlocks(t, a, 12, 32*miB) {
-			require.NoError(t, a.Free(ptr))
-		}
-	}
-	churn()
-	t0 := time.Unix(1000, 0)
-	idleWake(t, a, t0)
-	b := sa.NewProcess()
+	sa, da, a := idlePool(t, Options{Backend: BackendVMM, Cache: CacheOptions{Disable: true}})
+	churn := func() { churnUnused(t, a, 12, 32*miB) }
+	b, at := releaseForANewcomer(t, sa, a, churn)
 	defer func() { require.NoError(t, b.Close()) }()
-	at := idleWakes(t, a, t0.Add(a.opts.IdleRelease), 32)
-	require.Less(t, a.Stats().Reserved, 64*miB, "released for the neighbour")
 	churn()
 	idleWake(t, a, at)
 	held := a.Stats().Reserved
