@@ -23,14 +23,6 @@ sys.path.insert(0, HERE)
 GIB = 1 << 30
 
 
-def skip(why):
-    if os.environ.get("TLSF_REQUIRE_GPU") == "1":
-        print("newcomer_gpu: FAIL: " + why + " (TLSF_REQUIRE_GPU=1)")
-        sys.exit(1)
-    print("newcomer_gpu: skipped: " + why)
-    sys.exit(0)
-
-
 def idle(lib, conf, seconds):
     """The idle job: fill the GPU to 92% in 1 GiB tensors, free them, idle."""
     import torch
@@ -87,12 +79,8 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--newcomer":
         newcomer(5)
         return
-    try:
-        import torch
-    except ImportError:
-        skip("no PyTorch")
-    if not torch.cuda.is_available():
-        skip("no CUDA device")
+    from smoke_gpu import torch_on_gpu
+    torch_on_gpu("newcomer_gpu")
     import tlsf_torch
     lib = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else tlsf_torch.default_library())
     ok = True

@@ -14,21 +14,28 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tlsf_torch  # noqa: E402
 
 
-def skip(why):
+def skip(why, script="smoke_gpu"):
+    """Exit 0 with why, or 1 with TLSF_REQUIRE_GPU=1."""
     if os.environ.get("TLSF_REQUIRE_GPU") == "1":
-        print("smoke_gpu: FAIL: " + why + " (TLSF_REQUIRE_GPU=1)")
+        print(script + ": FAIL: " + why + " (TLSF_REQUIRE_GPU=1)")
         sys.exit(1)
-    print("smoke_gpu: skipped: " + why)
+    print(script + ": skipped: " + why)
     sys.exit(0)
 
 
-def main():
+def torch_on_gpu(script="smoke_gpu"):
+    """PyTorch with a CUDA device, else skip (as skip says)."""
     try:
         import torch
     except ImportError:
-        skip("no PyTorch")
+        skip("no PyTorch", script)
     if not torch.cuda.is_available():
-        skip("no CUDA device")
+        skip("no CUDA device", script)
+    return torch
+
+
+def main():
+    torch = torch_on_gpu()
     lib = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else tlsf_torch.default_library())
     tlsf_torch.install(lib)
 
