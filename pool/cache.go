@@ -335,7 +335,7 @@ func (c *cacheSet) engaged() bool { return c.serving.Load() != 0 }
 // free, whose holding it does not count toward engaging the caches
 // (lockContended); unlockAside gives it back.
 func (p *Pool) lockAside() {
-	p.mu.Lock()
+	p.mu.lockAside()
 	p.aside.Store(true)
 }
 

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math"
 	"reflect"
-	"sync"
 	"sync/atomic"
 
 	"github.com/gpumem/tlsf/device"
@@ -41,7 +40,7 @@ type allocMeta struct {
 // memory taken from the driver in large pieces (see Backend), with
 // per-P caches for small blocks. All methods are safe for concurrent use.
 type Pool struct {
-	mu      sync.Mutex
+	mu      biasMutex // the pool's lock (bias.go)
 	dev     *counted
 	opts    Options
 	backend Backend
@@ -406,10 +405,16 @@ func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 	// else goes to lockedSlow, the pool unchanged here, whose
 	// allocLocked serves it. Each call saved counts: freeOn's comment
 	// gives the figures.
-	if !p.mu.TryLock() {
+	//
+	// The goroutine the lock is biased toward runs it in a
+	// section instead (enter: no locked instruction, bias.go), which it
+	// leaves for the lock before anything else.
+	biased := p.mu.enter()
+	if !biased && !p.mu.TryLock() {
 		p.lockContended() // counts toward engaging the caches
 	}
 	if size-1 >= p.allocGate || s != p.gateStream {
+		p.mu.relock(biased)
 		return p.lockedSlow(size, s, false)
 	}
 	var b tlsf.Block
@@ -420,12 +425,13 @@ func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 		b, err = p.x.AllocFit(size)
 	}
 	if err != nil {
+		p.mu.relock(biased)
 		return p.lockedSlow(size, s, false) // ErrNoSpace: allocLocked's search fails too, and grows
 	}
 	p.full.reqs++
 	p.noteAlloc(b, false)
 	// Not deferred: nothing above runs a caller's code.
-	p.mu.Unlock()
+	p.mu.release(biased)
 	return uintptr(b.Addr), nil
 }
 
@@ -2034,10 +2040,12 @@ func (p *Pool) freeOn(ptr uintptr, size uint64, s device.Stream, outer bool) err
 			return nil
 		}
 	}
-	if !p.mu.TryLock() {
+	biased := p.mu.enter() // as in AllocOn
+	if !biased && !p.mu.TryLock() {
 		p.lockContended()
 	}
 	if !p.freeGate || ptr%indexGranularity != 0 || s != p.gateStream {
+		p.mu.relock(biased)
 		err := p.freeRare(ptr, s)
 		p.mu.Unlock()
 		return err
@@ -2048,6 +2056,12 @@ func (p *Pool) freeOn(ptr uintptr, size uint64, s device.Stream, outer bool) err
 		err = p.translate(uint64(ptr), err)
 	case p.state(b.ID) != stateLive:
 		p.x.Attach(b)
+		if biased { // freeBlock may call the driver: under the lock, looked up again
+			p.mu.relock(true)
+			biased = false
+			err = p.freeRare(ptr, s)
+			break
+		}
 		err = p.freeBlock(b, s)
 	default:
 		p.x.FreeDetached(b)
@@ -2057,9 +2071,14 @@ func (p *Pool) freeOn(ptr uintptr, size uint64, s device.Stream, outer bool) err
 		c.allocated -= b.Size
 		c.allocations--
 		c.active -= b.Size
-		p.afterLockedFree()
+		p.lockedFree++
+		if c.allocations == 0 || p.lockedFree%ReleaseCheckInterval == 0 {
+			p.mu.relock(biased) // the rare cases may call the driver
+			biased = false
+			p.afterLockedFreeRare()
+		}
 	}
-	p.mu.Unlock()
+	p.mu.release(biased)
 	return err
 }
 

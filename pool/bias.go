@@ -1,0 +1,226 @@
+package pool
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The pool's lock, biased toward one goroutine.
+//
+// A program that allocates from one goroutine (a training loop, a trace
+// replay, a C thread through the C ABI) takes the pool's lock for each
+// operation with nobody else asking for it. A sync.Mutex costs two
+// locked instructions per hold (TryLock's compare-and-swap, Unlock's
+// add). biasMutex takes both out of the case of one goroutine, as biased
+// locking does in Java VMs (Dice, Moir and Scherer, "Quickly reacquirable
+// locks", 2006) with the fence pairing of membarrier(2)'s man page.
+//
+// Once one goroutine has taken the lock biasStreak times in a row, the
+// lock is biased toward it: the gate holds its identity (its g's
+// address, from thread-local storage: curg). That goroutine then opens a
+// section (enter) instead of locking: it stores 1 to busy and checks
+// that the gate still names it; leaving stores 0. Both stores are plain
+// (a MOV on amd64), so a section costs no locked instruction. Only the
+// owner opens sections, and it runs one at a time, so sections exclude
+// each other. The owner may be preempted inside one; whoever waits for
+// it then waits until it runs again. A section never blocks and calls
+// neither the driver nor a caller's code: it leaves and locks first.
+//
+// Any other goroutine locks mu and then shuts the gate, so that no new
+// section opens. A section already past its check may still be running;
+// its store to busy may even sit in its CPU's store buffer, unseen,
+// while its read of the gate passed it (x86 lets a load pass an earlier
+// store). So the holder first makes every thread of the process execute
+// a full memory barrier (processBarrier: membarrier(2)'s
+// MEMBARRIER_CMD_PRIVATE_EXPEDITED, one system call, about 2 µs on the
+// development VM) and only then waits for busy to read 0. After the
+// barrier, either the section's store is visible to the holder, which
+// waits for it to leave, or the section's second read comes after the
+// barrier and sees the gate shut. The owner locking mu itself needs
+// neither (it is in no section). A holder other than the owner drops the
+// bias (a second goroutine wants the lock: the pool is shared), except
+// the pool's own look-asides (lockAside: Stats, the scavenger's wakes),
+// which shut the gate for their hold and open it again.
+//
+// The bias comes back after a streak of biasStreak acquisitions by one
+// goroutine, a streak that doubles at each drop within biasDropSpan of
+// the last (up to biasMaxStreak), so that goroutines that take turns pay
+// for a barrier every million operations at most; a drop after a quiet
+// biasDropSpan starts again from biasStreak. A goroutine's identity may
+// be reused once it exits, by a goroutine that then counts as the owner:
+// harmless, as at most one live goroutine has it.
+//
+// Only on Linux on amd64 (biasable) and not under the race detector,
+// which cannot see the order the sections rely on: elsewhere the lock is
+// a sync.Mutex and two loads. If membarrier is refused (Linux before
+// 4.14, a seccomp filter), the lock is never biased. If the barrier fails
+// after it registered, the holder falls back to stopping the world
+// (runtime.ReadMemStats: every goroutine stops at a safe point, so
+// every thread has passed a barrier) and bias is off for the rest of the
+// process.
+//
+// Measured in BenchmarkBiasMutex; the replays' figures are in
+// Pool.freeOn's comment.
+type biasMutex struct {
+	mu sync.Mutex
+	// gate is the owner's identity (curg) while it may open sections, 0
+	// while none may: no bias, or mu's holder keeps sections out.
+	// Written under mu, read by enter.
+	gate uintptr
+	// busy is 1 while the owner is in a section: stored by it alone
+	// (biasEnter, storeRelease), read by mu's holder.
+	busy uint32
+
+	// Under mu.
+	owner   uintptr // the goroutine biased toward, 0 for none
+	last    uintptr // the goroutine of the last acquisitions while unbiased
+	streak  uint32  // acquisitions in a row by last
+	need    uint32  // the streak that biases the lock; 0: biasStreak
+	dropped time.Time
+	// biases and drops count the lock's biases and drops, for tests.
+	biases, drops uint64
+}
+
+const (
+	biasStreak    = 64
+	biasMaxStreak = 1 << 20
+	biasDropSpan  = time.Second
+)
+
+// enter opens a section: true when the lock is biased toward the
+// calling goroutine and no holder keeps sections out. The caller then has
+// the lock's protection until it calls leave, which it must before any
+// blocking call, driver call or caller's code; false leaves nothing held.
+func (m *biasMutex) enter() bool {
+	if atomic.LoadUintptr(&m.gate) == 0 {
+		return false
+	}
+	return biasEnter(&m.gate, &m.busy)
+}
+
+// leave closes the section enter opened.
+func (m *biasMutex) leave() { storeRelease(&m.busy, 0) }
+
+// release ends what enter (biased) or Lock/TryLock took.
+func (m *biasMutex) release(biased bool) {
+	if biased {
+		m.leave()
+		return
+	}
+	m.Unlock()
+}
+
+// relock turns a section (biased) into mu held; with biased false, mu is
+// held already. The pool's state may have changed in between, as after
+// any Lock.
+func (m *biasMutex) relock(biased bool) {
+	if biased {
+		m.leave()
+		m.Lock()
+	}
+}
+
+// Lock locks mu, then keeps sections out; a caller other than the owner
+// drops the bias.
+func (m *biasMutex) Lock() {
+	m.mu.Lock()
+	m.shut(false)
+}
+
+// TryLock is Lock if mu is free, and false at once if not.
+func (m *biasMutex) TryLock() bool {
+	if !m.mu.TryLock() {
+		return false
+	}
+	m.shut(false)
+	return true
+}
+
+// lockAside is Lock for the pool's look-asides: the bias survives it.
+func (m *biasMutex) lockAside() {
+	m.mu.Lock()
+	m.shut(true)
+}
+
+// Unlock opens the gate to the owner again (or biases the lock toward
+// the goroutine of a long enough streak), then unlocks mu.
+func (m *biasMutex) Unlock() {
+	if m.owner == 0 && m.streak >= max(m.need, biasStreak) {
+		m.bias()
+	}
+	if m.owner != 0 {
+		atomic.StoreUintptr(&m.gate, m.owner)
+	}
+	m.mu.Unlock()
+}
+
+// shut keeps sections out while mu is held: see biasMutex.
+func (m *biasMutex) shut(aside bool) {
+	if !biasable {
+		return
+	}
+	me := curg()
+	o := m.owner
+	if o == 0 {
+		if aside {
+			return
+		}
+		if me == m.last {
+			m.streak++
+		} else {
+			m.last, m.streak = me, 1
+		}
+		return
+	}
+	atomic.StoreUintptr(&m.gate, 0)
+	if o == me { // the owner: in no section
+		return
+	}
+	m.revoke()
+	if aside {
+		return
+	}
+	m.owner = 0
+	m.last, m.streak = me, 1
+	m.drops++
+	now := time.Now()
+	if now.Sub(m.dropped) > biasDropSpan {
+		m.need = biasStreak
+	} else {
+		m.need = min(2*max(m.need, biasStreak), biasMaxStreak)
+	}
+	m.dropped = now
+}
+
+// revoke waits, the gate shut, for the owner's section to end.
+func (m *biasMutex) revoke() {
+	if err := processBarrier(); err != nil {
+		biasBroken.Store(true)
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms) // stops the world: a barrier on every thread
+	}
+	for i := 0; atomic.LoadUint32(&m.busy) != 0; i++ {
+		if i >= 64 {
+			runtime.Gosched() // the owner was preempted mid-section
+		}
+	}
+}
+
+// bias biases the lock toward the goroutine of the streak, once the
+// process barrier is known to work.
+func (m *biasMutex) bias() {
+	m.streak = 0
+	if biasBroken.Load() || registerBarrier() != nil {
+		return // asked again a streak later: two loads
+	}
+	m.owner = m.last
+	m.biases++
+}
+
+// biasBroken: the process barrier failed once; no lock is biased again.
+var biasBroken atomic.Bool
+
+// registerBarrier registers the process for processBarrier, once.
+var registerBarrier = sync.OnceValue(registerProcessBarrier)

@@ -1,0 +1,273 @@
+package pool
+
+import (
+	"errors"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gpumem/tlsf/device/sim"
+)
+
+// biasedOps counts what a biasMutex guards: plain increments, which a
+// lock that let two holders in at once would lose.
+type biasedOps struct {
+	m biasMutex
+	n uint64
+}
+
+// add increments n as the pool's fast paths take the lock: in a section
+// when biased toward the caller, else under mu; every 16th time under mu
+// for the owner too (its slow path).
+func (o *biasedOps) add(i int) {
+	biased := i%16 != 0 && o.m.enter()
+	if !biased {
+		o.m.Lock()
+	}
+	o.n++
+	if i%7 == 0 {
+		runtime.Gosched() // a holder or section that stops midway
+	}
+	o.m.release(biased)
+}
+
+func requireBiasable(t *testing.T) {
+	t.Helper()
+	if !biasable || registerBarrier() != nil {
+		t.Skip("no biased lock on this platform (biasable), or membarrier refused")
+	}
+}
+
+// TestBiasMutexBiasesTowardOneGoroutine: a goroutine that takes the lock
+// biasStreak times in a row then enters sections without locking; the
+// pool's look-asides keep the bias, another goroutine's Lock drops it,
+// and the owner's own Lock keeps it.
+func TestBiasMutexBiasesTowardOneGoroutine(t *testing.T) {
+	requireBiasable(t)
+	var o biasedOps
+	for i := range biasStreak {
+		require.False(t, o.m.enter(), "biased after %d acquisitions", i)
+		o.m.Lock()
+		o.m.Unlock()
+	}
+	require.True(t, o.m.enter())
+	o.m.leave()
+
+	o.m.Lock() // the owner's slow path: the bias stays
+	require.Zero(t, o.m.gate, "the gate stays shut while mu is held")
+	o.m.Unlock()
+	require.True(t, o.m.enter())
+	o.m.leave()
+
+	done := make(chan struct{})
+	go func() { // a look-aside (Stats, the scavenger): the bias stays
+		o.m.lockAside()
+		o.m.Unlock()
+		close(done)
+	}()
+	<-done
+	require.True(t, o.m.enter())
+	o.m.leave()
+	require.Equal(t, uint64(1), o.m.biases)
+	require.Zero(t, o.m.drops)
+
+	done = make(chan struct{})
+	go func() { // another goroutine: the bias goes
+		o.m.Lock()
+		o.m.Unlock()
+		close(done)
+	}()
+	<-done
+	require.False(t, o.m.enter())
+	require.Equal(t, uint64(1), o.m.drops)
+	// It comes back after a streak of biasStreak: the first drop
+	// (a drop within biasDropSpan of the last would double it).
+	for range biasStreak {
+		o.m.Lock()
+		o.m.Unlock()
+	}
+	require.True(t, o.m.enter())
+	o.m.leave()
+}
+
+// TestBiasMutexExcludes: goroutines taking the lock in bursts of random
+// length, so that the bias moves between them hundreds of times, some of
+// them stopping in the middle of a section or a hold: no increment is
+// lost.
+func TestBiasMutexExcludes(t *testing.T) {
+	requireBiasable(t)
+	var o biasedOps
+	const workers, rounds = 4, 400
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 1))
+			for range rounds {
+				for i := range 1 + r.IntN(300) {
+					o.add(i)
+				}
+				if w == 0 { // a look-aside now and then
+					o.m.lockAside()
+					o.m.Unlock()
+				}
+				o.m.Lock() // the next bias after biasStreak again, not a doubled streak
+				o.m.need, o.m.dropped = 0, time.Time{}
+				o.m.Unlock()
+				runtime.Gosched()
+			}
+		})
+	}
+	wg.Wait()
+	o.m.Lock()
+	defer o.m.Unlock()
+	total := uint64(0)
+	for w := range workers {
+		r := rand.New(rand.NewPCG(uint64(w), 1))
+		for range rounds {
+			total += uint64(1 + r.IntN(300))
+		}
+	}
+	require.Equal(t, total, o.n, "increments lost: two holders at once")
+	require.Greater(t, o.m.biases, uint64(workers*rounds/10), "seldom biased: the test exercised the mutex alone")
+	require.NotZero(t, o.m.drops)
+	t.Logf("biases %d, drops %d", o.m.biases, o.m.drops)
+}
+
+// TestBiasMutexBarrierFailure: a process barrier that fails falls back
+// to stopping the world (no increment lost) and turns bias off.
+func TestBiasMutexBarrierFailure(t *testing.T) {
+	requireBiasable(t)
+	saved := processBarrier
+	processBarrier = func() error { return errors.New("membarrier: refused") }
+	t.Cleanup(func() { processBarrier = saved; biasBroken.Store(false) })
+
+	var o biasedOps
+	for i := range biasStreak {
+		o.add(16 * i) // under mu: a streak
+	}
+	require.True(t, o.m.enter())
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	go func() { // the owner, in a section while another goroutine locks
+		o.n++
+		close(entered)
+		<-release
+		o.m.leave()
+	}()
+	<-entered
+	locked := make(chan struct{})
+	go func() {
+		o.m.Lock()
+		o.n++
+		o.m.Unlock()
+		close(locked)
+	}()
+	close(release)
+	<-locked
+	require.Equal(t, uint64(biasStreak+2), o.n)
+	require.True(t, biasBroken.Load())
+	for i := range 4 * biasStreak {
+		o.add(16 * i)
+	}
+	require.False(t, o.m.enter(), "biased again after the barrier failed")
+}
+
+// TestPoolBiasedSections: a pool used by one goroutine serves its
+// requests and frees in sections (no locked instruction), one used by
+// several stays correct as the bias moves: Check passes and statistics
+// add up.
+func TestPoolBiasedSections(t *testing.T) {
+	requireBiasable(t)
+	p := openPool(t, onSim(sim.New(sim.Config{})), Options{Backend: BackendVMM, Cache: CacheOptions{Disable: true}})
+	var live []uintptr
+	for i := range 1000 {
+		ptr, err := p.Alloc(uint64(1+i%37) << 12)
+		require.NoError(t, err)
+		live = append(live, ptr)
+		if i%3 == 0 {
+			require.NoError(t, p.Free(live[0]))
+			live = live[1:]
+		}
+	}
+	require.Equal(t, uint64(1), p.mu.biases)
+	biased := p.mu.enter()
+	require.True(t, biased, "one goroutine's pool not biased toward it")
+	p.mu.leave()
+
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			var mine []uintptr
+			for i := range 3000 {
+				ptr, err := p.Alloc(uint64(1+(i+w)%53) << 10)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mine = append(mine, ptr)
+				if i%2 == 1 {
+					if err := p.Free(mine[0]); err != nil {
+						t.Error(err)
+						return
+					}
+					mine = mine[1:]
+				}
+				if i%500 == 0 {
+					runtime.Gosched()
+				}
+			}
+			for _, ptr := range mine {
+				if err := p.Free(ptr); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, ptr := range live {
+		require.NoError(t, p.Free(ptr))
+	}
+	require.NoError(t, p.Check())
+	st := p.Stats()
+	require.Zero(t, st.Allocated)
+	require.Zero(t, st.Allocations)
+}
+
+// BenchmarkBiasMutex: one goroutine's hold of the pool's lock, biased
+// (a section) and not (mu, as with several goroutines), against a
+// sync.Mutex's TryLock and Unlock: the fast paths' cost around an empty
+// operation.
+func BenchmarkBiasMutex(b *testing.B) {
+	var n uint64
+	b.Run("sync.Mutex", func(b *testing.B) {
+		var mu sync.Mutex
+		for b.Loop() {
+			if !mu.TryLock() {
+				mu.Lock()
+			}
+			n++
+			mu.Unlock()
+		}
+	})
+	for _, biased := range []bool{true, false} {
+		b.Run(map[bool]string{true: "biased", false: "unbiased"}[biased], func(b *testing.B) {
+			var m biasMutex
+			if !biased {
+				m.need = 1 << 31
+			}
+			for b.Loop() {
+				in := m.enter()
+				if !in && !m.TryLock() {
+					m.Lock()
+				}
+				n++
+				m.release(in)
+			}
+		})
+	}
+	_ = n
+}
