@@ -13,20 +13,26 @@ import (
 // replay, a C thread through the C ABI) takes the pool's lock for each
 // operation with nobody else asking for it. A sync.Mutex costs two
 // locked instructions per hold (TryLock's compare-and-swap, Unlock's
-// add). biasMutex takes both out of the case of one goroutine, as biased
-// locking does in Java VMs (Dice, Moir and Scherer, "Quickly reacquirable
-// locks", 2006) with the fence pairing of membarrier(2)'s man page.
+// add). biasMutex takes both out of the case of one goroutine, as
+// biased locking does in Java VMs (Kawachiya, Koseki and Onodera, "Lock
+// reservation", OOPSLA 2002), with the fence pairing of membarrier(2)'s
+// man page in place of a revocation at a safe point.
 //
-// Once one goroutine has taken the lock biasStreak times in a row, the
-// lock is biased toward it: the gate holds its identity (its g's
-// address, from thread-local storage: curg). That goroutine then opens a
+// Once two streaks of biasStreak acquisitions that found mu free ended
+// with the same goroutine (reopen), the lock is biased toward it: the
+// gate holds its identity (its g's address, from thread-local storage:
+// curg). That goroutine then opens a
 // section (enter) instead of locking: it stores 1 to busy and checks
 // that the gate still names it; leaving stores 0. Both stores are plain
 // (a MOV on amd64), so a section costs no locked instruction. Only the
 // owner opens sections, and it runs one at a time, so sections exclude
-// each other. The owner may be preempted inside one; whoever waits for
-// it then waits until it runs again. A section never blocks and calls
-// neither the driver nor a caller's code: it leaves and locks first.
+// each other. The owner may be preempted inside one, or parked by a GC
+// assist where the section allocates; whoever waits for it then spins
+// (yielding) until it runs again. A section makes no system call and
+// calls neither the driver nor a caller's code: it leaves and locks
+// first. A panic inside one (a bug: the pool's code runs there) leaves
+// busy at 1, and the next holder other than the owner spinning, as the
+// sync.Mutex before left the lock held.
 //
 // Any other goroutine locks mu and then shuts the gate, so that no new
 // section opens. A section already past its check may still be running;
@@ -44,22 +50,23 @@ import (
 // the pool's own look-asides (lockAside: Stats, the scavenger's wakes),
 // which shut the gate for their hold and open it again.
 //
-// The bias comes back after a streak of biasStreak acquisitions by one
-// goroutine, a streak that doubles at each drop within biasDropSpan of
+// The bias comes back after two such streaks, a length that doubles at each drop within biasDropSpan of
 // the last (up to biasMaxStreak), so that goroutines that take turns pay
-// for a barrier every million operations at most; a drop after a quiet
-// biasDropSpan starts again from biasStreak. A goroutine's identity may
+// for a barrier every million acquisitions at most once the length has
+// grown (about 14 drops); a drop after a quiet biasDropSpan starts again
+// from biasStreak. Each look-aside of a biased pool pays a barrier too:
+// Stats, and the scavenger's wake (10 a second; 100 with a floor set). A goroutine's identity may
 // be reused once it exits, by a goroutine that then counts as the owner:
 // harmless, as at most one live goroutine has it.
 //
 // Only on Linux on amd64 (biasable) and not under the race detector,
 // which cannot see the order the sections rely on: elsewhere the lock is
-// a sync.Mutex and two loads. If membarrier is refused (Linux before
+// a sync.Mutex and a streak count. If membarrier is refused (Linux before
 // 4.14, a seccomp filter), the lock is never biased. If the barrier fails
 // after it registered, the holder falls back to stopping the world
 // (runtime.ReadMemStats: every goroutine stops at a safe point, so
-// every thread has passed a barrier) and bias is off for the rest of the
-// process.
+// every thread has passed a barrier), drops the bias even for a
+// look-aside, and bias is off for the rest of the process.
 //
 // Measured in BenchmarkBiasMutex; the replays' figures are in
 // Pool.freeOn's comment.
@@ -75,8 +82,8 @@ type biasMutex struct {
 
 	// Under mu.
 	owner   uintptr // the goroutine biased toward, 0 for none
-	last    uintptr // the goroutine of the last acquisitions while unbiased
-	streak  uint32  // acquisitions in a row by last
+	last    uintptr // the goroutine that ended the last streak, while unbiased
+	streak  uint32  // acquisitions in a row that found mu free
 	need    uint32  // the streak that biases the lock; 0: biasStreak
 	dropped time.Time
 	// biases and drops count the lock's biases and drops, for tests.
@@ -125,65 +132,87 @@ func (m *biasMutex) relock(biased bool) {
 // Lock locks mu, then keeps sections out; a caller other than the owner
 // drops the bias.
 func (m *biasMutex) Lock() {
-	m.mu.Lock()
-	m.shut(false)
+	contended := !m.mu.TryLock()
+	if contended {
+		m.mu.Lock()
+	}
+	m.held(false, contended)
 }
 
-// TryLock is Lock if mu is free, and false at once if not.
+// TryLock is Lock if mu is free (which may then wait for the owner's
+// section to end), and false at once if not.
 func (m *biasMutex) TryLock() bool {
 	if !m.mu.TryLock() {
 		return false
 	}
-	m.shut(false)
+	m.held(false, false)
 	return true
 }
 
 // lockAside is Lock for the pool's look-asides: the bias survives it.
 func (m *biasMutex) lockAside() {
 	m.mu.Lock()
-	m.shut(true)
+	m.held(true, false)
 }
 
-// Unlock opens the gate to the owner again (or biases the lock toward
-// the goroutine of a long enough streak), then unlocks mu.
-func (m *biasMutex) Unlock() {
-	if m.owner == 0 && m.streak >= max(m.need, biasStreak) {
-		m.bias()
+// held is what a holder does once mu is locked: shut the gate if the
+// lock is biased, else count the streak. A streak counts acquisitions
+// that found mu free (no identity per acquisition: a curg call each
+// cost the unbiased lock 1.5 ns); reopen checks whose they were.
+func (m *biasMutex) held(aside, contended bool) {
+	switch {
+	case m.owner != 0:
+		m.shut(aside)
+	case contended:
+		m.streak = 0
+	case !aside:
+		m.streak++
 	}
-	if m.owner != 0 {
-		atomic.StoreUintptr(&m.gate, m.owner)
+}
+
+// Unlock opens the gate to the owner again (or biases the lock after a
+// long enough streak), then unlocks mu.
+func (m *biasMutex) Unlock() {
+	if m.owner != 0 || m.streak >= biasStreak {
+		m.reopen()
 	}
 	m.mu.Unlock()
 }
 
-// shut keeps sections out while mu is held: see biasMutex.
+// reopen is Unlock's case of a bias, or of a streak that may make one.
+// A streak of need uncontended acquisitions biases the lock toward the
+// goroutine that ends it if the streak before ended with it too: two
+// goroutines taking turns may pass for one (each streak ending with the
+// same one of them), and then pay for a drop, a barrier of about 2 µs,
+// at most every need acquisitions, need doubling at each such drop.
+func (m *biasMutex) reopen() {
+	if m.owner == 0 && m.streak >= max(m.need, biasStreak) {
+		m.streak = 0
+		if me := curg(); me != m.last {
+			m.last = me // the next streak tells
+		} else if biasable {
+			m.bias()
+		}
+	}
+	if m.owner != 0 {
+		atomic.StoreUintptr(&m.gate, m.owner)
+	}
+}
+
+// shut keeps sections out while mu is held, the lock biased: see
+// biasMutex.
 func (m *biasMutex) shut(aside bool) {
-	if !biasable {
-		return
-	}
-	me := curg()
 	o := m.owner
-	if o == 0 {
-		if aside {
-			return
-		}
-		if me == m.last {
-			m.streak++
-		} else {
-			m.last, m.streak = me, 1
-		}
-		return
-	}
 	atomic.StoreUintptr(&m.gate, 0)
+	me := curg()
 	if o == me { // the owner: in no section
 		return
 	}
 	m.revoke()
-	if aside {
+	if aside && !biasBroken.Load() {
 		return
 	}
-	m.owner = 0
-	m.last, m.streak = me, 1
+	m.owner, m.last = 0, 0
 	m.drops++
 	now := time.Now()
 	if now.Sub(m.dropped) > biasDropSpan {
@@ -208,10 +237,9 @@ func (m *biasMutex) revoke() {
 	}
 }
 
-// bias biases the lock toward the goroutine of the streak, once the
-// process barrier is known to work.
+// bias biases the lock toward m.last, once the process barrier is known
+// to work.
 func (m *biasMutex) bias() {
-	m.streak = 0
 	if biasBroken.Load() || registerBarrier() != nil {
 		return // asked again a streak later: two loads
 	}

@@ -21,7 +21,9 @@
 //     started (a chunk pool probes the P's table), which a sized free
 //     (FreeSizedOn; tlsf_free with PyTorch's size) skips: a large size
 //     goes to the lock, a small one to the P's table;
-//  2. the TLSF index (package tlsf), under the pool's lock: best fit
+//  2. the TLSF index (package tlsf), under the pool's lock (biased toward
+//     a goroutine that uses the pool alone, which then takes it with no
+//     locked instruction: bias.go): best fit
 //     within the request's own second-level list (tlsf.Index.AllocFit,
 //     at most tlsf.FitScan blocks read, the rest of the list only where
 //     no later list has a block), else the O(1) good fit of TLSF

@@ -2072,10 +2072,10 @@ func (p *Pool) freeOn(ptr uintptr, size uint64, s device.Stream, outer bool) err
 		c.allocations--
 		c.active -= b.Size
 		p.lockedFree++
-		if c.allocations == 0 || p.lockedFree%ReleaseCheckInterval == 0 {
+		if floor := p.lockedFree%ReleaseCheckInterval == 0; c.allocations == 0 || floor {
 			p.mu.relock(biased) // the rare cases may call the driver
 			biased = false
-			p.afterLockedFreeRare()
+			p.afterLockedFreeRare(floor)
 		}
 	}
 	p.mu.release(biased)
@@ -2250,17 +2250,19 @@ func (p *Pool) reclaimPending(addr uint64) {
 // line (afterLockedFreeRare).
 func (p *Pool) afterLockedFree() {
 	p.lockedFree++
-	if p.c.allocations == 0 || p.lockedFree%ReleaseCheckInterval == 0 {
-		p.afterLockedFreeRare()
+	if floor := p.lockedFree%ReleaseCheckInterval == 0; p.c.allocations == 0 || floor {
+		p.afterLockedFreeRare(floor)
 	}
 }
 
-// afterLockedFreeRare is afterLockedFree's work.
-func (p *Pool) afterLockedFreeRare() {
+// afterLockedFreeRare is afterLockedFree's work; floor: this free was
+// the ReleaseCheckInterval-th (told before a biased section relocked,
+// after which other frees may have counted).
+func (p *Pool) afterLockedFreeRare(floor bool) {
 	if p.c.allocations == 0 {
 		p.startOver()
 	}
-	if p.lockedFree%ReleaseCheckInterval == 0 && p.opts.FreeFloorFraction > 0 {
+	if floor && p.opts.FreeFloorFraction > 0 {
 		p.checkFloor()
 	}
 }

@@ -87,7 +87,10 @@ package pool
 //
 // Idle: a busy pool pays the pool's lock for the two counters' read (and
 // each P's cache lock for its two), tens of ns a wake, 10 wakes a
-// second, and one cuMemGetInfo every 10 s (idleLowPeriod). An idle pool
+// second; where the lock is biased toward the goroutine using the pool
+// (bias.go), the wake's lock also costs a process-wide barrier
+// (membarrier: about 2 µs, and an interrupt to each CPU running one of
+// the process's threads), and one cuMemGetInfo every 10 s (idleLowPeriod). An idle pool
 // holding unused memory: one cuMemGetInfo per 100 ms, for as long as it
 // stays idle. A release holds the lock of a pool
 // no caller uses for up to idleCalls calls a wake (about 8 ms of
