@@ -430,8 +430,13 @@ func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 	}
 	p.full.reqs++
 	p.noteAlloc(b, false)
-	// Not deferred: nothing above runs a caller's code.
-	p.mu.release(biased)
+	// Not deferred: nothing above runs a caller's code. Not release:
+	// written out, leave inlines (8 instructions fewer per call).
+	if biased {
+		p.mu.leave()
+	} else {
+		p.mu.Unlock()
+	}
 	return uintptr(b.Addr), nil
 }
 
@@ -2083,7 +2088,11 @@ func (p *Pool) freeOn(ptr uintptr, size uint64, s device.Stream, outer bool) err
 			p.afterLockedFreeRare(floor)
 		}
 	}
-	p.mu.release(biased)
+	if biased { // as in AllocOn
+		p.mu.leave()
+	} else {
+		p.mu.Unlock()
+	}
 	return err
 }
 

@@ -353,7 +353,8 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 		if sd != nil {
 			cold0 = sd.SimTime()
 		}
-		cold, series, err := replayTrace(ct, a, every)
+		ra := a.replayer()
+		cold, series, err := replayTrace(ct, ra, a, every)
 		if err != nil {
 			return err
 		}
@@ -361,19 +362,19 @@ func replayTraceBackend(ds *devices, t *trace.Trace, be string, o *replayOpts) (
 			v := float64(sd.SimTime()-cold0) / float64(cold.Ops)
 			r.ColdDeviceNsPerOp = &v
 		}
-		if err := cold.FreeLeft(a); err != nil {
+		if err := cold.FreeLeft(ra); err != nil {
 			return err
 		}
 		r.series = series
 		// Untimed, before the warm replays' figures and driver calls.
-		if r.WarmUpRuns, err = ct.WarmUp(a, replay.WarmUpTime); err != nil {
+		if r.WarmUpRuns, err = ct.WarmUp(ra, replay.WarmUpTime); err != nil {
 			return err
 		}
 		c0 := a.calls()
 		if sd != nil {
 			simT0 = sd.SimTime()
 		}
-		w, err := ct.Warm(a, max(o.warmRuns, 1))
+		w, err := ct.Warm(ra, max(o.warmRuns, 1))
 		if err != nil {
 			return err
 		}
@@ -433,7 +434,7 @@ func findMinCap(ds *devices, t *trace.Trace, be string, r *replayResult) error {
 		defer release()
 		ok := false
 		err := withAllocator(dev, t, be, allocOptions{base: ds.pool, capBytes: capBytes}, func(a *replayAllocator) error {
-			res, _, err := replayTrace(ct, a, 0)
+			res, _, err := replayTrace(ct, a, a, 0)
 			if err != nil {
 				return err
 			}
@@ -474,6 +475,18 @@ func (a *replayAllocator) Free(ptr uintptr, size, stream uint64) error {
 		return a.FreeSizedOn(ptr, size, 0)
 	}
 	return a.FreeSizedOn(ptr, size, a.streams[stream])
+}
+
+// replayer returns what the timed replays drive: for a pool backend the
+// harness's own adapter (replay.Pool, which bench's BenchmarkPoolReplay
+// drives: one interface call per operation), else a. Through a, a pool's
+// operation took two interface calls and the wrapper the compiler makes
+// for poolAlloc's promoted methods.
+func (a *replayAllocator) replayer() replay.Allocator {
+	if pa, ok := a.allocator.(poolAlloc); ok {
+		return &replay.Pool{P: pa.Pool, Streams: a.streams}
+	}
+	return a
 }
 
 // maxReplayStreams bounds the distinct non-default streams of a replayed
@@ -519,17 +532,17 @@ func withAllocator(dev device.Device, t *trace.Trace, be string, o allocOptions,
 	return errors.Join(err, a.close())
 }
 
-// replayTrace replays compiled trace t through a (RunSampled) and
-// returns the result, whose Left a warm replay on the same allocator must
-// free first, and, every every ops (0: never), a sample of live and
-// reserved bytes.
-func replayTrace(t *replay.Compiled, a *replayAllocator, every int) (replay.Result, []sample, error) {
+// replayTrace replays compiled trace t through ra (a.replayer(), or a;
+// RunSampled) and returns the result, whose Left a warm replay on the
+// same allocator must free first, and, every every ops (0: never), a
+// sample of live and reserved bytes (a's).
+func replayTrace(t *replay.Compiled, ra replay.Allocator, a *replayAllocator, every int) (replay.Result, []sample, error) {
 	if every == 0 {
-		res, err := t.Run(a)
+		res, err := t.Run(ra)
 		return res, nil, err
 	}
 	var series []sample
-	res, err := t.RunSampled(a, every, func(op int, live uint64) error {
+	res, err := t.RunSampled(ra, every, func(op int, live uint64) error {
 		rsv, err := a.reserved()
 		series = append(series, sample{Op: op, Live: live, Reserved: rsv})
 		return err

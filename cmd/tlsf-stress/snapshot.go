@@ -111,7 +111,7 @@ func writeSnapshot(ds *devices, t *trace.Trace, be string, o *replayOpts, name s
 	// Every op, and the growths and releases between them.
 	events := 2*len(t.Ops) + 1024
 	return withAllocator(dev, t, be, allocOptions{base: ds.pool, capBytes: o.cap.resolve(total), history: events}, func(a *replayAllocator) error {
-		res, _, err := replayTrace(replay.Compile(t), a, 0)
+		res, _, err := replayTrace(replay.Compile(t), a, a, 0)
 		if err != nil {
 			return err
 		}
