@@ -404,7 +404,7 @@ func (p *Pool) lockContended() {
 	if testHookContended != nil {
 		testHookContended()
 	}
-	p.mu.Lock()
+	p.mu.lockContended()
 	c := p.cache
 	if c == nil || c.engaged() || aside {
 		return

@@ -410,8 +410,12 @@ func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 	// section instead (enter: no locked instruction, bias.go), which it
 	// leaves for the lock before anything else.
 	biased := p.mu.enter()
-	if !biased && !p.mu.TryLock() {
-		p.lockContended() // counts toward engaging the caches
+	if !biased {
+		if p.mu.mu.TryLock() { // TryLock, written out (biasMutex.tried)
+			p.mu.tried()
+		} else {
+			p.lockContended() // counts toward engaging the caches
+		}
 	}
 	if size-1 >= p.allocGate || s != p.gateStream {
 		p.mu.relock(biased)
@@ -434,8 +438,9 @@ func (p *Pool) AllocOn(size uint64, s device.Stream) (uintptr, error) {
 	// written out, leave inlines (8 instructions fewer per call).
 	if biased {
 		p.mu.leave()
-	} else {
-		p.mu.Unlock()
+	} else { // Unlock, written out (biasMutex.tried)
+		p.mu.unlocking()
+		p.mu.mu.Unlock()
 	}
 	return uintptr(b.Addr), nil
 }
@@ -2051,8 +2056,12 @@ func (p *Pool) freeOn(ptr uintptr, size uint64, s device.Stream, outer bool) err
 		}
 	}
 	biased := p.mu.enter() // as in AllocOn
-	if !biased && !p.mu.TryLock() {
-		p.lockContended()
+	if !biased {
+		if p.mu.mu.TryLock() {
+			p.mu.tried()
+		} else {
+			p.lockContended()
+		}
 	}
 	if !p.freeGate || ptr%indexGranularity != 0 || s != p.gateStream {
 		p.mu.relock(biased)
@@ -2091,7 +2100,8 @@ func (p *Pool) freeOn(ptr uintptr, size uint64, s device.Stream, outer bool) err
 	if biased { // as in AllocOn
 		p.mu.leave()
 	} else {
-		p.mu.Unlock()
+		p.mu.unlocking()
+		p.mu.mu.Unlock()
 	}
 	return err
 }
