@@ -141,12 +141,15 @@ func (m *biasMutex) relock(biased bool) {
 // Lock locks mu, then keeps sections out; a caller other than the owner
 // drops the bias.
 func (m *biasMutex) Lock() {
-	m.mu.Lock()
-	m.held(false, false)
+	contended := !m.mu.TryLock() // a Lock that waits ends the streak
+	if contended {
+		m.mu.Lock()
+	}
+	m.held(false, contended)
 }
 
-// lockContended is Lock after a TryLock that found mu held: the
-// acquisition ends the streak.
+// lockContended is Lock after a TryLock that found mu held (no second
+// TryLock): the acquisition ends the streak.
 func (m *biasMutex) lockContended() {
 	m.mu.Lock()
 	m.held(false, true)
