@@ -2090,8 +2090,7 @@ func (p *Pool) freeOn(ptr uintptr, size uint64, s device.Stream, outer bool) err
 		c.allocated -= b.Size
 		c.allocations--
 		c.active -= b.Size
-		p.lockedFree++
-		if floor := p.lockedFree%ReleaseCheckInterval == 0; c.allocations == 0 || floor {
+		if rare, floor := p.countLockedFree(); rare {
 			p.mu.relock(biased) // the rare cases may call the driver
 			biased = false
 			p.afterLockedFreeRare(floor)
@@ -2273,10 +2272,18 @@ func (p *Pool) reclaimPending(addr uint64) {
 // frees under the lock. Small enough to inline, the rare cases out of
 // line (afterLockedFreeRare).
 func (p *Pool) afterLockedFree() {
-	p.lockedFree++
-	if floor := p.lockedFree%ReleaseCheckInterval == 0; p.c.allocations == 0 || floor {
+	if rare, floor := p.countLockedFree(); rare {
 		p.afterLockedFreeRare(floor)
 	}
+}
+
+// countLockedFree counts a free under the lock and tells whether
+// afterLockedFreeRare must run (rare: the pool is empty, or a floor
+// check is due) and whether the floor check is (floor). Pool lock held.
+func (p *Pool) countLockedFree() (rare, floor bool) {
+	p.lockedFree++
+	floor = p.lockedFree%ReleaseCheckInterval == 0
+	return floor || p.c.allocations == 0, floor
 }
 
 // afterLockedFreeRare is afterLockedFree's work; floor: this free was
