@@ -532,3 +532,22 @@ func TestFreeOnTheWrongDeviceNamesTheOwner(t *testing.T) {
 	require.Empty(t, lastError())
 	checkPools(t)
 }
+
+// TestPassthroughEnvUnknownValue: a TLSF_PASSTHROUGH value that is
+// neither on nor off fails the first use of a device (NULL, the message
+// naming it) and makes no pool. (Device 3, which TestBadInput needs
+// without a pool: this test leaves it so.)
+func TestPassthroughEnvUnknownValue(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	const dev = 3
+	t.Setenv(pool.PassthroughEnv, "enabled")
+	require.Zero(t, callMalloc(4096, dev, 0))
+	require.Contains(t, lastError(), pool.PassthroughEnv+`="enabled"`)
+	p, err := reg.lookup(dev)
+	require.NoError(t, err)
+	require.Nil(t, p, "no pool made")
+	require.Zero(t, callTrim(dev))
+	require.Empty(t, lastError(), "a device with no pool trims nothing")
+	checkPools(t)
+}

@@ -276,7 +276,12 @@ void tlsf_record_stream(void* ptr, void* stream);
  * whole bytes (so "0.5B" is 0).
  * Returns 0 on success; -1 on failure (conf NULL or malformed: an unknown
  * key, a bad value, named in the message; or a pool exists already), when
- * the configuration is unchanged.
+ * the configuration is unchanged. Values wrong only for a device, which
+ * configure cannot see (a max_bytes below its allocation granularity,
+ * 2 MiB on current GPUs; an initial reserve above the cap), are accepted
+ * here and fail when the device's pool is made, at its first tlsf_malloc
+ * (NULL, the message naming the value); configure may then be called
+ * again, as no pool was made.
  */
 int tlsf_configure(const char* conf);
 

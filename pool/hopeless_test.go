@@ -106,6 +106,42 @@ func TestPassthroughSaysWhyARequestCannotSucceed(t *testing.T) {
 	}
 }
 
+// A passthrough pitch allocation past the cap: where width × height
+// alone is past it, no driver allocation is tried; where only the
+// driver's pitch takes it past, the probe is freed before the error is
+// made, so the free memory the error reports is the device's whole.
+// Either way the statistics are as before, but for the failure counted.
+func TestPassthroughPitchPastTheCap(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		width, height uint64
+		probes        uint64
+	}{
+		{"width × height past the cap", 2052, 1024, 0},
+		{"pitch × height past the cap", 1030, 1000, 1}, // pitch 1536: 1,536,000 bytes against 1 MiB
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sd := sim.New(sim.Config{Capacity: giB})
+			d := onSim(sd)
+			p := openPool(t, d, Options{Backend: BackendPassthrough, MaxBytes: miB})
+			before := p.Stats()
+			_, _, err := p.AllocPitch(c.width, c.height)
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			require.Contains(t, err.Error(), "cap")
+			require.Contains(t, err.Error(), fmt.Sprint(giB), "the device's free memory, without the probe: %v", err)
+			after := p.Stats()
+			require.Equal(t, before.OutOfMemory+1, after.OutOfMemory)
+			require.Equal(t, before.Reserved, after.Reserved)
+			require.Equal(t, before.Allocated, after.Allocated)
+			calls := after.DeviceCalls.Map()
+			require.Equal(t, c.probes, calls["cuMemAllocPitch"]-before.DeviceCalls.Map()["cuMemAllocPitch"])
+			require.Equal(t, c.probes, calls["cuMemFree"]-before.DeviceCalls.Map()["cuMemFree"])
+			require.Zero(t, sd.Mapped())
+			checkStep(t, p, d)
+		})
+	}
+}
+
 // countInfo is the cuMemGetInfo calls between two snapshots (the error
 // message reports the device's free memory).
 func countInfo(after, before device.Counts) uint64 {

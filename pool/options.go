@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/gpumem/tlsf/tlsf"
@@ -44,8 +45,27 @@ func (b Backend) String() string {
 }
 
 // PassthroughEnv is the environment variable that, set to 1, makes every
-// pool a passthrough pool whatever its Options say.
+// pool a passthrough pool whatever its Options say (PassthroughFromEnv
+// reads it).
 const PassthroughEnv = "TLSF_PASSTHROUGH"
+
+// PassthroughFromEnv reports whether PassthroughEnv asks for passthrough
+// pools: true for 1, true, yes or on; false for unset, empty, 0, false,
+// no or off (letter case and surrounding spaces ignored). Any other value
+// is an error wrapping ErrBadOptions, which New returns: a value such as
+// "enabled" would otherwise leave the pool in place unseen, while a memory
+// checker run with it expects a driver call per block. It reads the
+// environment only; safe for concurrent use.
+func PassthroughFromEnv() (bool, error) {
+	v := os.Getenv(PassthroughEnv)
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "1", "true", "yes", "on":
+		return true, nil
+	case "", "0", "false", "no", "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("%w: %s=%q, want 1 (passthrough) or 0 (also true/false, yes/no, on/off)", ErrBadOptions, PassthroughEnv, v)
+}
 
 // Options configure a Pool. The zero value is a good default for one
 // process on one GPU.
@@ -66,7 +86,8 @@ type Options struct {
 	// Backend selects the memory source (default BackendAuto).
 	Backend Backend
 	// Passthrough is BackendPassthrough, whatever Backend says. The
-	// environment variable TLSF_PASSTHROUGH=1 sets it too.
+	// environment variable TLSF_PASSTHROUGH=1 sets it too
+	// (PassthroughFromEnv; a value it does not know fails New).
 	Passthrough bool
 
 	// InitialFraction of free memory is reserved when the pool is made
@@ -394,7 +415,11 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Backend < BackendAuto || o.Backend > BackendPassthrough {
 		return o, fmt.Errorf("%w: unknown backend %d", ErrBadOptions, int(o.Backend))
 	}
-	if o.Passthrough || os.Getenv(PassthroughEnv) == "1" {
+	env, err := PassthroughFromEnv()
+	if err != nil {
+		return o, err
+	}
+	if o.Passthrough || env {
 		o.Backend = BackendPassthrough
 	}
 	if o.SLLog2 == 0 {

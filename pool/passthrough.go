@@ -37,7 +37,15 @@ type ptAlloc struct {
 	counted uint64 // the bytes statistics count it at (Pool.blockSize)
 }
 
-// admit checks the cap for bytes more of reserved memory.
+// admits reports whether size bytes more of reserved memory fit the
+// device's total memory and the cap (admit, with no error made).
+func (t *passthrough) admits(p *Pool, size uint64) bool {
+	capped, limit, _ := p.cap()
+	return size <= p.total && !(capped && (size > limit || t.reserved+size > limit))
+}
+
+// admit checks the cap for bytes more of reserved memory: nil where
+// admits, else the out-of-memory error, counted.
 func (t *passthrough) admit(p *Pool, size uint64) error {
 	capped, limit, err := p.cap()
 	if err != nil {
@@ -88,18 +96,26 @@ func (t *passthrough) alloc(p *Pool, size uint64, s device.Stream) (uintptr, err
 }
 
 func (t *passthrough) allocPitch(p *Pool, width, height uint64) (uintptr, uint64, error) {
+	// A pitch is at least the width: where even width × height is past
+	// the cap, the request fails before the driver allocates anything.
+	if err := t.admit(p, width*height); err != nil {
+		return 0, 0, err
+	}
 	ptr, pitch, err := p.dev.MemAllocPitch(width, height, 4)
 	if err != nil {
 		return 0, 0, t.driverError(p, width*height, err)
 	}
 	size := pitch * height
-	if err := t.admit(p, size); err != nil {
+	if !t.admits(p, size) {
+		// The driver's pitch took it past the cap: freed before the error
+		// is made, so that the free memory the error reports is the
+		// device's without it.
 		if p.dev.MemFree(ptr) != nil {
 			t.stuck[ptr] = size
 			t.reserved += size
 			p.noteReserved()
 		}
-		return 0, 0, err
+		return 0, 0, t.admit(p, size)
 	}
 	// Counted at its size class, as a pooled backend aligns it on a GPU's
 	// 512-byte pitch unit (AllocAligned). (On a device whose unit is 256

@@ -142,6 +142,24 @@ func TestPassthroughAndPooledAgreeOnSizesAndStatistics(t *testing.T) {
 	}
 }
 
+// TestPassthroughEnvironmentValueUnknown: a value of TLSF_PASSTHROUGH
+// that is neither on nor off fails New with ErrBadOptions naming it, and
+// the device sees no call that keeps memory.
+func TestPassthroughEnvironmentValueUnknown(t *testing.T) {
+	for _, v := range []string{"enabled", "2", "passthrough"} {
+		t.Setenv(PassthroughEnv, v)
+		sd := sim.New(sim.Config{Capacity: giB})
+		p, err := New(sd, Options{})
+		require.ErrorIs(t, err, ErrBadOptions)
+		require.Nil(t, p)
+		require.Contains(t, err.Error(), PassthroughEnv+"=\""+v+"\"")
+		require.Zero(t, sd.Mapped())
+		on, err := PassthroughFromEnv()
+		require.ErrorIs(t, err, ErrBadOptions)
+		require.False(t, on)
+	}
+}
+
 func TestPassthroughIsChosenByOptionOrEnvironment(t *testing.T) {
 	cases := []struct {
 		name string
@@ -154,7 +172,10 @@ func TestPassthroughIsChosenByOptionOrEnvironment(t *testing.T) {
 		{"backend", "", Options{Backend: BackendPassthrough}, BackendPassthrough},
 		{"environment overrides vmm", "1", Options{Backend: BackendVMM}, BackendPassthrough},
 		{"environment overrides chunks", "1", Options{Backend: BackendChunks}, BackendPassthrough},
-		{"environment other than 1 is ignored", "0", Options{Backend: BackendChunks}, BackendChunks},
+		{"environment 0 leaves the backend", "0", Options{Backend: BackendChunks}, BackendChunks},
+		{"environment off leaves the backend", " Off ", Options{Backend: BackendChunks}, BackendChunks},
+		{"environment true", "true", Options{Backend: BackendVMM}, BackendPassthrough},
+		{"environment yes", "YES", Options{Backend: BackendVMM}, BackendPassthrough},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

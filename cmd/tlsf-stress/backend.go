@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -57,10 +56,14 @@ func parseBackends(list []string) ([]string, error) {
 }
 
 // passthroughForced reports whether the environment makes every pool
-// backend a passthrough one (pool.PassthroughEnv, TLSF_PASSTHROUGH=1,
+// backend a passthrough one (pool.PassthroughFromEnv, TLSF_PASSTHROUGH=1,
 // read by pool.New): tlsf-stress then names the backends by what runs
-// (effectiveBackend), not by what --backend asked for.
-func passthroughForced() bool { return os.Getenv(pool.PassthroughEnv) == "1" }
+// (effectiveBackend), not by what --backend asked for. A value it does
+// not know reads as false here; pool.New then fails with its error.
+func passthroughForced() bool {
+	on, _ := pool.PassthroughFromEnv()
+	return on
+}
 
 // effectiveBackend is the backend that runs for --backend name: with
 // TLSF_PASSTHROUGH=1 every pool backend (tlsf-vmm, tlsf-chunks and their

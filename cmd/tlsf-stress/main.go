@@ -208,6 +208,9 @@ trace: our best pool backend against the best peer. It is 'replay --min-cap'.`,
 		if g.pool, err = parseConf(g.conf); err != nil {
 			return err
 		}
+		if _, err := pool.PassthroughFromEnv(); err != nil && cmd.Name() != "export" {
+			return err // every pool.New would fail with it
+		}
 		if passthroughForced() && cmd.Name() != multiChildCmd && cmd.Name() != "export" {
 			fmt.Fprintln(cmd.ErrOrStderr(), "tlsf-stress:", passthroughNote)
 		}
