@@ -204,7 +204,9 @@ func (m *biasMutex) held(aside, contended bool) {
 	case m.owner != 0:
 		m.shut(aside)
 	case contended:
-		m.streak = 0
+		if m.streak != 0 { // mostly 0 under contention: no store to mu's cache line, which waiters read
+			m.streak = 0
+		}
 	case !aside:
 		m.streak++
 	}
