@@ -281,7 +281,9 @@ void tlsf_record_stream(void* ptr, void* stream);
  * 2 MiB on current GPUs; an initial reserve above the cap), are accepted
  * here and fail when the device's pool is made, at its first tlsf_malloc
  * (NULL, the message naming the value); configure may then be called
- * again, as no pool was made.
+ * again, as no pool was made. So does a value of the environment variable
+ * TLSF_PASSTHROUGH other than 1, true, yes, on (every pool passthrough)
+ * or 0, false, no, off, empty (no effect), which configure does not read.
  */
 int tlsf_configure(const char* conf);
 

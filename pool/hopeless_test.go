@@ -128,7 +128,7 @@ func TestPassthroughPitchPastTheCap(t *testing.T) {
 			_, _, err := p.AllocPitch(c.width, c.height)
 			require.ErrorIs(t, err, ErrOutOfMemory)
 			require.Contains(t, err.Error(), "cap")
-			require.Contains(t, err.Error(), fmt.Sprint(giB), "the device's free memory, without the probe: %v", err)
+			require.Contains(t, err.Error(), fmt.Sprintf("device free 1.00 GiB (%d bytes) of", giB), "the device's free memory, without the probe: %v", err)
 			after := p.Stats()
 			require.Equal(t, before.OutOfMemory+1, after.OutOfMemory)
 			require.Equal(t, before.Reserved, after.Reserved)
@@ -194,4 +194,30 @@ func TestACapBelowTheGranularityIsRefused(t *testing.T) {
 		require.ErrorIs(t, err, ErrBadOptions, be.String())
 		require.Contains(t, err.Error(), "granularity")
 	}
+}
+
+// A pitch probe whose cuMemFree failed (stuck) counts as reserved: the
+// request that made it fails with one out-of-memory counted, and the next
+// request it keeps past the cap frees it first, then succeeds; Check
+// passes throughout and nothing stays mapped after.
+func TestPassthroughStuckProbeIsFreedWhenItBlocks(t *testing.T) {
+	sd := sim.New(sim.Config{Capacity: giB})
+	d := onSim(sd)
+	p := openPool(t, d, Options{Backend: BackendPassthrough, MaxBytes: 2 * miB})
+	sd.FailNth(device.CallMemFree, 1, nil)
+	_, _, err := p.AllocPitch(1030, 2000) // 2,060,000 bytes fit; the pitch's 3,072,000 do not
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	st := p.Stats()
+	require.Equal(t, uint64(1), st.OutOfMemory)
+	require.Equal(t, uint64(1536*2000), st.Reserved, "the stuck probe")
+	require.NoError(t, p.Check())
+
+	ptr, err := p.Alloc(miB)
+	require.NoError(t, err, "the stuck probe freed to make room")
+	st = p.Stats()
+	require.Equal(t, uint64(1), st.OutOfMemory)
+	require.Equal(t, uint64(miB), st.Reserved)
+	require.NoError(t, p.Free(ptr))
+	checkStep(t, p, d)
+	require.Zero(t, sd.Stats().LinearAllocs)
 }

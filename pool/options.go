@@ -52,7 +52,8 @@ const PassthroughEnv = "TLSF_PASSTHROUGH"
 // PassthroughFromEnv reports whether PassthroughEnv asks for passthrough
 // pools: true for 1, true, yes or on; false for unset, empty, 0, false,
 // no or off (letter case and surrounding spaces ignored). Any other value
-// is an error wrapping ErrBadOptions, which New returns: a value such as
+// is an error wrapping ErrBadOptions, which New returns (ParseConf and
+// NewDevices do not read the variable): a value such as
 // "enabled" would otherwise leave the pool in place unseen, while a memory
 // checker run with it expects a driver call per block. It reads the
 // environment only; safe for concurrent use.
@@ -386,7 +387,9 @@ const (
 	defaultIdleRelease   = 500 * time.Millisecond
 )
 
-// withDefaults validates o and fills in defaults.
+// withDefaults validates o and fills in defaults. The environment's
+// PassthroughEnv is New's to read (newPool), not this validation's, which
+// ParseConf and NewDevices run too.
 func (o Options) withDefaults() (Options, error) {
 	fracs := []struct {
 		name string
@@ -415,11 +418,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Backend < BackendAuto || o.Backend > BackendPassthrough {
 		return o, fmt.Errorf("%w: unknown backend %d", ErrBadOptions, int(o.Backend))
 	}
-	env, err := PassthroughFromEnv()
-	if err != nil {
-		return o, err
-	}
-	if o.Passthrough || env {
+	if o.Passthrough {
 		o.Backend = BackendPassthrough
 	}
 	if o.SLLog2 == 0 {

@@ -40,30 +40,38 @@ type ptAlloc struct {
 // admits reports whether size bytes more of reserved memory fit the
 // device's total memory and the cap (admit, with no error made).
 func (t *passthrough) admits(p *Pool, size uint64) bool {
-	capped, limit, _ := p.cap()
+	capped, limit, _ := p.cap() // its error is always nil
 	return size <= p.total && !(capped && (size > limit || t.reserved+size > limit))
 }
 
 // admit checks the cap for bytes more of reserved memory: nil where
-// admits, else the out-of-memory error, counted.
+// admits, else the out-of-memory error, counted. Where pitch probes whose
+// cuMemFree failed (stuck) hold reserved memory the request needs, it
+// frees them first: nothing else would while nothing is allocated.
 func (t *passthrough) admit(p *Pool, size uint64) error {
-	capped, limit, err := p.cap()
-	if err != nil {
-		return err
+	if !t.admits(p, size) && len(t.stuck) > 0 {
+		_ = t.freeStuck(p) // those it cannot free stay, counted
 	}
+	if t.admits(p, size) {
+		return nil
+	}
+	return t.refuse(p, size)
+}
+
+// refuse counts and returns the out-of-memory error of a request of size
+// bytes that admits refuses.
+func (t *passthrough) refuse(p *Pool, size uint64) error {
+	p.c.ooms++
+	capped, limit, _ := p.cap()
 	switch {
 	case size > p.total:
 		// As a pooled backend says it (Pool.hopeless): the driver's error.
-		p.c.ooms++
 		return p.oomError(size, fmt.Errorf("a block of %s exceeds the device's total memory: %w", sizeString(size), device.ErrOutOfMemory))
 	case capped && size > limit:
-		p.c.ooms++
 		return fmt.Errorf("%w: a block of %s exceeds the cap", p.oomError(size, nil), sizeString(size))
-	case capped && t.reserved+size > limit:
-		p.c.ooms++
+	default:
 		return fmt.Errorf("%w: it would take reserved memory past the cap", p.oomError(size, nil))
 	}
-	return nil
 }
 
 func (t *passthrough) alloc(p *Pool, size uint64, s device.Stream) (uintptr, error) {
@@ -115,7 +123,7 @@ func (t *passthrough) allocPitch(p *Pool, width, height uint64) (uintptr, uint64
 			t.reserved += size
 			p.noteReserved()
 		}
-		return 0, 0, t.admit(p, size)
+		return 0, 0, t.refuse(p, size)
 	}
 	// Counted at its size class, as a pooled backend aligns it on a GPU's
 	// 512-byte pitch unit (AllocAligned). (On a device whose unit is 256

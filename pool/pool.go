@@ -224,6 +224,13 @@ func newPool(dev device.Device, opts Options) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	env, err := PassthroughFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	if env {
+		o.Backend = BackendPassthrough
+	}
 	if nilDevice(dev) {
 		return nil, fmt.Errorf("%w: nil device", ErrBadOptions)
 	}

@@ -157,6 +157,9 @@ func TestPassthroughEnvironmentValueUnknown(t *testing.T) {
 		on, err := PassthroughFromEnv()
 		require.ErrorIs(t, err, ErrBadOptions)
 		require.False(t, on)
+		// Validating a configuration reads no environment.
+		_, err = ParseConf("caches:false")
+		require.NoError(t, err)
 	}
 }
 

@@ -203,15 +203,16 @@ trace: our best pool backend against the best peer. It is 'replay --min-cap'.`,
 	pf.StringVar(&g.conf, "conf", "", "options of every pool backend, as TLSF_ALLOC_CONF gives them to the C ABI (e.g. release_fraction:0.05,wilderness:true; the keys capi/tlsf.h lists but backend, passthrough, device, sim_capacity, max_bytes and max_fraction, which other flags set)")
 	pf.BoolVar(&g.simRealTime, "sim-real-time", false, "the simulated GPU's driver calls take their modelled H200 durations in real time, so that processes sharing it interleave as on a GPU; chooses --device sim")
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		makesPools := cmd.Name() != "export" && cmd.Name() != "help"
+		if _, err := pool.PassthroughFromEnv(); err != nil && makesPools {
+			return err // every pool.New would fail with it
+		}
 		var err error
 		g.conf = strings.TrimSpace(g.conf)
 		if g.pool, err = parseConf(g.conf); err != nil {
 			return err
 		}
-		if _, err := pool.PassthroughFromEnv(); err != nil && cmd.Name() != "export" {
-			return err // every pool.New would fail with it
-		}
-		if passthroughForced() && cmd.Name() != multiChildCmd && cmd.Name() != "export" {
+		if passthroughForced() && cmd.Name() != multiChildCmd && makesPools {
 			fmt.Fprintln(cmd.ErrOrStderr(), "tlsf-stress:", passthroughNote)
 		}
 		if g.simCapacity > 0 && g.simCapacity < pool.MinSimCapacity {

@@ -306,6 +306,26 @@ func TestPassthroughEnvNamesWhatRuns(t *testing.T) {
 	assert.NotContains(t, errs, passthroughNote, "export makes no pool")
 }
 
+// A TLSF_PASSTHROUGH value that is neither on nor off fails every
+// command that makes pools (exit 1, the value named), before --conf is
+// read, and leaves export and help alone.
+func TestPassthroughEnvUnknownValue(t *testing.T) {
+	t.Setenv(pool.PassthroughEnv, "enabled")
+	for _, args := range [][]string{
+		{"run", "--device", "sim", "--ops", "100"},
+		{"replay", "--device", "sim", "--conf", "release_fraction:0.05", "lstm"},
+	} {
+		_, errs, status := cli(t, args...)
+		assert.Equal(t, exitFailed, status, "%v: %s", args, errs)
+		assert.Contains(t, errs, pool.PassthroughEnv+`="enabled"`, args)
+		assert.NotContains(t, errs, "--conf", args)
+	}
+	_, errs, status := cli(t, "--conf", "release_fraction:0.05", "export", "--out", t.TempDir(), "lstm")
+	assert.Equal(t, exitOK, status, errs)
+	_, errs, status = cli(t, "help")
+	assert.Equal(t, exitOK, status, errs)
+}
+
 // The driver's pool replays after every other backend, but results keep
 // the order of traces, then of --backend.
 func TestReplayKeepsTheOrderOfTracesAndBackends(t *testing.T) {

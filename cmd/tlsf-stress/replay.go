@@ -82,8 +82,10 @@ does not go with --cap.
 
 Exit status: 0 when every replay ran; 1 when an allocation failed in a
 replay without a cap (a pool that cannot serve a trace on a device this
-large, the table's failed column), or on any other error; 2 for a bad
-command line. Failures under --cap are expected and counted, not errors.
+large: the table's failed column, failed_allocs with --json), or on any
+other error; 2 for a bad command line; 130 when interrupted (SIGINT or
+SIGTERM), after reporting what ran. Failures under --cap are expected
+and counted, not errors.
 
 --snapshot FILE writes, per trace, a PyTorch memory snapshot of one more
 replay with the first pool backend (the pickle of torch.cuda.memory._snapshot(),
