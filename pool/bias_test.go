@@ -185,7 +185,11 @@ func TestBiasMutexLitmus(t *testing.T) {
 	func() { // shut's and reopen's steps for a look-aside, without mu
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		for range 30000 {
+		// At least 30,000 revokes, and on until the owner opened 1,000
+		// sections (on a loaded machine its thread may not run at first;
+		// CI once saw none in 30,000), for at most 10 s.
+		deadline := time.Now().Add(10 * time.Second)
+		for i := 0; i < 30000 || sections.Load() < 1000 && time.Now().Before(deadline); i++ {
 			atomic.StoreUintptr(&m.gate, 0)
 			m.revoke()
 			if inside.Load() {
