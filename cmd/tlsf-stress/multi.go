@@ -510,12 +510,15 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 }
 
 func printMulti(w io.Writer, ds *devices, o *multiOpts, target uint64, results []*childResult) {
-	how := map[bool]string{true: "child process", false: "child processes"}[o.procs == 1]
-	if ds.kind == deviceSim && !o.exec {
+	simulated := ds.kind == deviceSim && !o.exec
+	how := "child processes"
+	switch {
+	case simulated && o.procs == 1:
+		how = "simulated process"
+	case simulated:
 		how = "simulated processes sharing one simulated GPU"
-		if o.procs == 1 {
-			how = "simulated process"
-		}
+	case o.procs == 1:
+		how = "child process"
 	}
 	fmt.Fprintf(w, "multi: %d %s on %s (%s), backend %s, MaxFraction %.3f each, live target %s each (%.2f× a share)\n",
 		o.procs, how, ds.name(), ds.kind, o.backend, o.fraction, gib(target), o.oversubscribe)
