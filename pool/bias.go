@@ -121,15 +121,6 @@ func (m *biasMutex) enter() bool {
 // leave closes the section enter opened.
 func (m *biasMutex) leave() { storeRelease(&m.busy, 0) }
 
-// release ends what enter (biased) or Lock/TryLock took.
-func (m *biasMutex) release(biased bool) {
-	if biased {
-		m.leave()
-		return
-	}
-	m.Unlock()
-}
-
 // relock turns a section (biased) into mu held; with biased false, mu is
 // held already. The pool's state may have changed in between, as after
 // any Lock.
