@@ -116,3 +116,18 @@ func callGetDeviceCalls(dev, path int, name string, nullCall, nullOut bool) (uin
 
 // sentinel is what callGetDeviceCalls's out holds before the call.
 const sentinel = 0xdeadbeef
+
+// callVersion calls tlsf_version, with abi_version NULL where null is set
+// (abi then reads -1).
+func callVersion(null bool) (string, int, uintptr) {
+	abi := C.int(-1)
+	out := &abi
+	if null {
+		out = nil
+	}
+	s := C.tlsf_version(out)
+	return C.GoString(s), int(abi), uintptr(unsafe.Pointer(s))
+}
+
+// headerABIVersion is tlsf.h's TLSF_ABI_VERSION.
+const headerABIVersion = C.TLSF_ABI_VERSION

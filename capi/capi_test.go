@@ -551,3 +551,28 @@ func TestPassthroughEnvUnknownValue(t *testing.T) {
 	require.Empty(t, lastError(), "a device with no pool trims nothing")
 	checkPools(t)
 }
+
+// tlsf_version names the module and the ABI version, which agrees with
+// tlsf.h's, returns the same string at every call and clears the
+// caller's message.
+func TestVersion(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	require.Equal(t, abiVersion, headerABIVersion, "capi's abiVersion differs from tlsf.h's TLSF_ABI_VERSION")
+	_, _, rc := callGetStats(0, statsSize, true) // out NULL: fails, leaving a message
+	require.Equal(t, -1, rc)
+	require.NotEmpty(t, lastError())
+	s, abi, p := callVersion(false)
+	require.Empty(t, lastError(), "tlsf_version leaves the caller's message")
+	require.Equal(t, abiVersion, abi)
+	f := strings.Fields(s)
+	require.GreaterOrEqual(t, len(f), 4, s)
+	require.Equal(t, modulePath, f[0], s)
+	require.Equal(t, "abi="+strconv.Itoa(abiVersion), f[2], s)
+	require.True(t, strings.HasPrefix(f[len(f)-1], "go=go"), s)
+	require.Equal(t, s, versionString())
+	s2, abi2, p2 := callVersion(true)
+	require.Equal(t, s, s2)
+	require.Equal(t, p, p2, "tlsf_version's string is kept, not made again")
+	require.Equal(t, -1, abi2, "abi_version NULL is not written")
+}

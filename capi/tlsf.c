@@ -175,3 +175,33 @@ size_t tlsf_trim(int device) {
 	}
 	return tlsfgo_trim(device);
 }
+
+/* tlsf_version's string: read from the Go side once (pthread_once), then
+ * served from here. tlsf_ver_ready, set with release order once the buffer
+ * is whole, lets a forked child use the parent's copy without the once
+ * (whose state a fork in the middle of the call would leave locked). */
+static char tlsf_verbuf[512];
+static pthread_once_t tlsf_ver_once = PTHREAD_ONCE_INIT;
+static int tlsf_ver_ready;
+
+static void tlsf_read_version(void) {
+	tlsfgo_version(tlsf_verbuf, sizeof tlsf_verbuf);
+	__atomic_store_n(&tlsf_ver_ready, 1, __ATOMIC_RELEASE);
+}
+
+#define TLSF_STR2(x) #x
+#define TLSF_STR(x) TLSF_STR2(x)
+
+const char* tlsf_version(int* abi_version) {
+	tlsf_errbuf[0] = 0;
+	if (abi_version != NULL) {
+		*abi_version = TLSF_ABI_VERSION;
+	}
+	if (!tlsf_forked) {
+		pthread_once(&tlsf_ver_once, tlsf_read_version);
+	}
+	if (__atomic_load_n(&tlsf_ver_ready, __ATOMIC_ACQUIRE)) {
+		return tlsf_verbuf;
+	}
+	return "github.com/gpumem/tlsf abi=" TLSF_STR(TLSF_ABI_VERSION);
+}

@@ -110,6 +110,19 @@ extern "C" {
 /* Defined where tlsf_stats has caches_on. */
 #define TLSF_HAS_CACHES_ON 1
 
+/* Defined where the library has tlsf_version. */
+#define TLSF_HAS_VERSION 1
+
+/*
+ * The version of the ABI this header declares. It goes up when a
+ * function's meaning, a constant or a struct's layout changes in a way that
+ * breaks a caller built against an earlier tlsf.h; additions leave it as
+ * it is (tlsf_stats grows at its end, and each later function or field
+ * comes with a TLSF_HAS_ macro). tlsf_version reports the one the loaded
+ * library implements.
+ */
+#define TLSF_ABI_VERSION 1
+
 /*
  * tlsf_stats: a pool's statistics, in bytes unless said otherwise. The
  * struct may grow at its end in later versions: set size to
@@ -339,6 +352,27 @@ int tlsf_get_device_calls(int device, int path, const char* call, uint64_t* out)
  * error stays released.
  */
 size_t tlsf_trim(int device);
+
+/*
+ * tlsf_version: which build of the library is loaded, for logs and bug
+ * reports: a NUL-terminated string, the same at every call, owned by the
+ * library and valid until the process exits (never NULL). Its fields are
+ * separated by single spaces: the module path and version as the Go
+ * toolchain stamped them (a pseudo-version naming the commit, "+dirty"
+ * where the tree had changes, or "(devel)"), then abi=N (N as *abi_version
+ * gets it), then, where the build recorded them, vcs.revision=COMMIT and
+ * vcs.modified=true or false, then go=VERSION (the Go toolchain), e.g.
+ * "github.com/gpumem/tlsf v0.0.0-20261207233600-f31e939eba59 abi=1
+ * vcs.revision=f31e939eba59be20af40a276b1cd50e773a71b1d vcs.modified=false
+ * go=go1.26.0" (one line). Later versions may add fields before go=.
+ * If abi_version is not NULL, sets *abi_version to the ABI version the
+ * library implements: a caller compares it with the TLSF_ABI_VERSION of
+ * the tlsf.h it was built with. Never fails (the caller's message is
+ * cleared); in a child made by fork() it makes no call into Go and
+ * returns the string the parent read, or, if the parent never called
+ * it, "github.com/gpumem/tlsf abi=N".
+ */
+const char* tlsf_version(int* abi_version);
 
 /*
  * tlsf_last_error: the message of the calling thread's latest failed call,

@@ -125,7 +125,10 @@ def main():
     assert tlsf_torch.device_calls(Index(), "cuMemMap") == tlsf_torch.device_calls("alloc", "cuMemMap")
     assert tlsf_torch.device_calls(b"alloc") == tlsf_torch.device_calls("alloc")
     raises(ValueError, lambda: tlsf_torch.device_calls(call="cuMemMap\0x"))
-    print("smoke_sim: ok", tlsf_torch.stats())
+    text, abi = tlsf_torch.version()
+    assert abi == tlsf_torch.ABI_VERSION and text.startswith("github.com/gpumem/tlsf ") and " abi=%d " % abi in text, (text, abi)
+    assert tlsf_torch.last_error() == ""
+    print("smoke_sim: ok", text, tlsf_torch.stats())
 
 
 if __name__ == "__main__":

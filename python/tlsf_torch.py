@@ -77,6 +77,9 @@ _allocator = None  # the CUDAPluggableAllocator, once installed
 # tlsf_get_device_calls are optional.
 _REQUIRED = ("tlsf_malloc", "tlsf_free", "tlsf_init", "tlsf_configure", "tlsf_get_stats", "tlsf_trim", "tlsf_last_error")
 
+# TLSF_ABI_VERSION of the capi/tlsf.h this file follows.
+ABI_VERSION = 1
+
 # TLSF_PATH_ALL and the most devices (ordinals 0 to 63) in capi/tlsf.h.
 _PATH_ALL = -1
 _MAX_DEVICES = 64
@@ -131,6 +134,16 @@ def _load(path):
     lib.tlsf_trim.restype = ctypes.c_size_t
     lib.tlsf_last_error.argtypes = []
     lib.tlsf_last_error.restype = ctypes.c_char_p
+    if hasattr(lib, "tlsf_version"):  # absent from libraries older than it
+        lib.tlsf_version.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        lib.tlsf_version.restype = ctypes.c_char_p
+        abi = ctypes.c_int(-1)
+        lib.tlsf_version(ctypes.byref(abi))
+        if abi.value != ABI_VERSION:
+            raise OSError(
+                "tlsf_torch: %s implements ABI version %d, this file ABI version %d: use the tlsf_torch.py of that build"
+                % (path, abi.value, ABI_VERSION)
+            )
     _lib, _lib_path = lib, path
     return lib
 
@@ -312,6 +325,22 @@ def device_calls(path=None, call=None, device=0):
     if _lib.tlsf_get_device_calls(d, p, name, ctypes.byref(n)) != 0:
         raise RuntimeError("tlsf_torch.device_calls: " + last_error())
     return int(n.value)
+
+
+def version():
+    """The loaded library's build and ABI version as (text, abi):
+    tlsf_version's string (capi/tlsf.h: the module path and version, abi=N,
+    the commit where the build recorded it, the Go toolchain), and N as an
+    int, which this file's TlsfStats and functions were written for up to
+    ABI_VERSION. Raises RuntimeError when the library is not loaded or is
+    older than tlsf_version."""
+    if _lib is None:
+        raise RuntimeError("tlsf_torch.version: the library is not loaded (call install first)")
+    if not hasattr(_lib, "tlsf_version"):
+        raise RuntimeError("tlsf_torch.version: the library is older than tlsf_version")
+    abi = ctypes.c_int(-1)
+    text = _lib.tlsf_version(ctypes.byref(abi))
+    return text.decode(errors="replace"), int(abi.value)
 
 
 def trim(device=0):

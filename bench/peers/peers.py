@@ -365,6 +365,10 @@ class CabiImpl(Impl):
 
     def version(self):
         v = ""
+        if hasattr(self.lib, "tlsf_version"):  # the build's own account (capi/tlsf.h)
+            self.lib.tlsf_version.argtypes = [ctypes.c_void_p]
+            self.lib.tlsf_version.restype = ctypes.c_char_p
+            v = self.lib.tlsf_version(None).decode(errors="replace") + "; "
         p = os.path.join(os.path.dirname(self.path), "VERSION")
         if os.path.exists(p):
             with open(p) as f:

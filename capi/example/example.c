@@ -71,6 +71,11 @@ static void* worker(void* arg) {
 int main(void) {
   tlsf_stats st;
 
+  /* Which build is loaded, and whether it speaks this header's ABI. */
+  int abi = 0;
+  printf("library: %s\n", tlsf_version(&abi));
+  CHECK(abi == TLSF_ABI_VERSION, "libtlsf.so implements ABI %d, tlsf.h declares %d", abi, TLSF_ABI_VERSION);
+
   /* Allocate, write nothing (the pointer is a device pointer), free. */
   void* p = tlsf_malloc(1 << 20, 0, NULL);
   CHECK(p != NULL, "tlsf_malloc(1 MiB): %s", tlsf_last_error());

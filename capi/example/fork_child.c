@@ -1,8 +1,9 @@
 /*
  * fork_child.c: a child made by fork() gets an error from every entry
- * point, never a hang, while the parent's threads allocate; the parent
- * goes on. Each child calls the library under alarm(5): a child that
- * hangs dies of SIGALRM and fails the check. Run with TLSF_ALLOC_CONF
+ * point (but tlsf_version, which never fails: the parent's string), never
+ * a hang, while the parent's threads allocate; the parent goes on. Each
+ * child calls the library under alarm(5): a child that hangs dies of
+ * SIGALRM and fails the check. Run with TLSF_ALLOC_CONF
  * naming device:sim (make capi-example does). Exits 0 when every check
  * passed, 1 otherwise.
  */
@@ -19,6 +20,7 @@
 enum { children = 20 };
 
 static volatile int stop;
+static char parent_version[512];
 
 static void* churn(void* arg) {
   (void)arg;
@@ -41,10 +43,14 @@ static int child(void) {
   ok = ok && tlsf_configure("device:sim") == -1;
   tlsf_free((void*)0x1000, 0, 0, NULL);
   ok = ok && strstr(tlsf_last_error(), "tlsf_free: called in a child") != NULL;
+  /* tlsf_version never fails: the parent's string, read before the fork. */
+  int abi = -1;
+  ok = ok && strcmp(tlsf_version(&abi), parent_version) == 0 && abi == TLSF_ABI_VERSION && tlsf_last_error()[0] == 0;
   return ok ? 0 : 1;
 }
 
 int main(void) {
+  snprintf(parent_version, sizeof parent_version, "%s", tlsf_version(NULL));
   pthread_t t[2];
   for (int i = 0; i < 2; i++) {
     pthread_create(&t[i], NULL, churn, NULL);
