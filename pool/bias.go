@@ -64,8 +64,10 @@ import (
 //
 // Only on Linux on amd64 (biasable) and not under the race detector,
 // which cannot see the order the sections rely on: elsewhere the lock is
-// a sync.Mutex and a streak count. If membarrier is refused (Linux before
-// 4.14, a seccomp filter), the lock is never biased. If the barrier fails
+// a sync.Mutex and a streak count. The process registers for the barrier
+// once, in a goroutine the first bias starts (barrierReady), the lock
+// biased only from a streak after that. If membarrier is refused (Linux
+// before 4.14, a seccomp filter), the lock is never biased. If the barrier fails
 // after it registered, the holder falls back to stopping the world
 // (runtime.ReadMemStats: every goroutine stops at a safe point, so
 // every thread has passed a barrier), drops the bias even for a
@@ -272,9 +274,9 @@ func (m *biasMutex) revoke() {
 }
 
 // bias biases the lock toward m.last, once the process barrier is known
-// to work.
+// to work (barrierReady).
 func (m *biasMutex) bias() {
-	if biasBroken.Load() || registerBarrier() != nil {
+	if biasBroken.Load() || !barrierReady() {
 		return // asked again a streak later: two loads
 	}
 	m.owner = m.last
@@ -284,5 +286,41 @@ func (m *biasMutex) bias() {
 // biasBroken: the process barrier failed once; no lock is biased again.
 var biasBroken atomic.Bool
 
-// registerBarrier registers the process for processBarrier, once.
+// registerBarrier registers the process for processBarrier, once; it
+// blocks for as long as the kernel takes.
 var registerBarrier = sync.OnceValue(registerProcessBarrier)
+
+// barrierAsked: barrierReady started the registration. barrierOK:
+// registerBarrier returned nil.
+var barrierAsked, barrierOK atomic.Bool
+
+// barrierReady reports whether the process is registered for
+// processBarrier. The first call starts the registration in a goroutine
+// of its own and reports false, as every call does until it succeeded:
+// in a process with more than one thread, membarrier(2)'s registration
+// waits for an RCU grace period, 11–30 ms on the H100 machine's 16-core
+// host (17–53 µs on the 2-core development VM; 2026-12-08), which, made
+// by the first bias under the lock, a process's first allocations paid:
+// the cold replay of lstm on that H100 took 2.4–5.8 µs per operation,
+// against 1.0–1.6 with the code before the biased lock (six processes
+// each, tlsf-stress replay, bench/replay-h100/2026-12-08). The lock then
+// stays unbiased until a streak after the registration ended.
+func barrierReady() bool {
+	if barrierOK.Load() {
+		return true
+	}
+	if barrierAsked.CompareAndSwap(false, true) {
+		go registerBarrierNow()
+	}
+	return false
+}
+
+// registerBarrierNow registers the process for processBarrier and
+// records the outcome for barrierReady; true if it worked.
+func registerBarrierNow() bool {
+	if registerBarrier() != nil {
+		return false
+	}
+	barrierOK.Store(true)
+	return true
+}
