@@ -1,4 +1,5 @@
-# Targets: test (vet, race-enabled tests, and a cgo-free build and test),
+# Targets: test (vet, race-enabled tests, a cgo-free build and test, and
+# vet for linux/arm64 and, the TLSF index, linux/386),
 # fuzz (every fuzz target for FUZZTIME each), bench, stress (the main job),
 # gpu (test binaries and tlsf-stress built for the GPU machine, in bin/),
 # capi (the C ABI: bin/libtlsf.so and the C example bin/tlsf-example),
@@ -22,6 +23,10 @@ test:
 	$(GO) test -race -count=1 ./...
 	CGO_ENABLED=0 $(GO) vet ./...
 	CGO_ENABLED=0 $(GO) test -count=1 ./...
+	@# Other targets must keep building: Grace hosts (make gpu GPU_ARCH=arm64),
+	@# and the TLSF index, which needs no 64-bit word, on 32-bit ones.
+	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) vet ./...
+	CGO_ENABLED=0 GOOS=linux GOARCH=386 $(GO) vet ./tlsf
 
 fuzz:
 	@for tc in $(FUZZ_TARGETS); do \

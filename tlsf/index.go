@@ -467,7 +467,7 @@ func (x *Index) newRecord() uint32 {
 		x.spare = x.spare[:k-1]
 		return r
 	}
-	if len(x.blocks) >= int(allocMark) {
+	if uint64(len(x.blocks)) >= uint64(allocMark) { // uint64: int(allocMark) overflows a 32-bit int
 		panic("tlsf: more than 2^32-2 block records")
 	}
 	x.blocks = append(x.blocks, block{})
