@@ -203,5 +203,5 @@ const char* tlsf_version(int* abi_version) {
 	if (__atomic_load_n(&tlsf_ver_ready, __ATOMIC_ACQUIRE)) {
 		return tlsf_verbuf;
 	}
-	return "github.com/gpumem/tlsf abi=" TLSF_STR(TLSF_ABI_VERSION);
+	return "github.com/gpumem/tlsf (unknown) abi=" TLSF_STR(TLSF_ABI_VERSION) " go=(unknown)";
 }

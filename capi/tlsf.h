@@ -369,8 +369,8 @@ size_t tlsf_trim(int device);
  * library implements: a caller compares it with the TLSF_ABI_VERSION of
  * the tlsf.h it was built with. Never fails (the caller's message is
  * cleared); in a child made by fork() it makes no call into Go and
- * returns the string the parent read, or, if the parent never called
- * it, "github.com/gpumem/tlsf abi=N".
+ * returns the string the parent read, or, if the parent had not read it
+ * when it forked, "github.com/gpumem/tlsf (unknown) abi=N go=(unknown)".
  */
 const char* tlsf_version(int* abi_version);
 

@@ -54,11 +54,15 @@ func versionString() string {
 //
 //export tlsfgo_version
 func tlsfgo_version(buf *C.char, n C.size_t) {
-	defer guard("tlsf_version")
 	if buf == nil || n == 0 {
 		return
 	}
 	b := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
-	k := copy(b[:len(b)-1], versionString())
+	s := modulePath + " (unknown) abi=" + strconv.Itoa(abiVersion) + " go=" + runtime.Version()
+	func() {
+		defer func() { _ = recover() }() // a bug: tlsf_version never fails, so the fallback
+		s = versionString()
+	}()
+	k := copy(b[:len(b)-1], s)
 	b[k] = 0
 }

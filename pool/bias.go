@@ -277,7 +277,7 @@ func (m *biasMutex) revoke() {
 // to work (barrierReady).
 func (m *biasMutex) bias() {
 	if biasBroken.Load() || !barrierReady() {
-		return // asked again a streak later: two loads
+		return // asked again a streak later: three loads
 	}
 	m.owner = m.last
 	m.biases++
@@ -309,16 +309,18 @@ func barrierReady() bool {
 	if barrierOK.Load() {
 		return true
 	}
-	if barrierAsked.CompareAndSwap(false, true) {
+	if !barrierAsked.Load() && barrierAsked.CompareAndSwap(false, true) {
 		go registerBarrierNow()
 	}
 	return false
 }
 
 // registerBarrierNow registers the process for processBarrier and
-// records the outcome for barrierReady; true if it worked.
+// records the outcome for barrierReady; true if it worked. A refusal
+// marks the barrier broken (biasBroken), so that no lock asks again.
 func registerBarrierNow() bool {
 	if registerBarrier() != nil {
+		biasBroken.Store(true)
 		return false
 	}
 	barrierOK.Store(true)

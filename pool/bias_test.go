@@ -309,6 +309,10 @@ func TestPoolBiasedSections(t *testing.T) {
 // sync.Mutex's TryLock and Unlock: the fast paths' cost around an empty
 // operation.
 func BenchmarkBiasMutex(b *testing.B) {
+	// Registered first: a fresh process's biased case would run unbiased
+	// until the registration (barrierReady) completed, 11–30 ms on a
+	// 16-core host.
+	_ = registerBarrierNow()
 	var n uint64
 	b.Run("sync.Mutex", func(b *testing.B) {
 		var mu sync.Mutex
@@ -350,6 +354,41 @@ func (m *biasMutex) release(biased bool) {
 	m.Unlock()
 }
 
+// fakeRegistration replaces the process's registration for the barrier
+// with reg, as if the process had never registered, until the test ends.
+func fakeRegistration(t *testing.T, reg func() error) {
+	saved := registerBarrier
+	registerBarrier = reg
+	barrierAsked.Store(false)
+	barrierOK.Store(false)
+	t.Cleanup(func() {
+		registerBarrier = saved
+		biasBroken.Store(false)
+		barrierAsked.Store(true)
+		barrierOK.Store(registerBarrierNow())
+	})
+}
+
+// streaks takes and releases o's lock n times on a goroutine of its own,
+// failing the test if that takes 10 s (a Lock that waited for the
+// registration would).
+func streaks(t *testing.T, o *biasedOps, n int) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range n {
+			o.m.Lock()
+			o.m.Unlock()
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the streaks waited for the process's registration")
+	}
+}
+
 // TestBiasDoesNotWaitForTheRegistration: the first bias starts the
 // process's registration for the barrier in a goroutine of its own (it
 // takes 11–30 ms on a 16-core host) and returns at once, the lock
@@ -357,31 +396,39 @@ func (m *biasMutex) release(biased bool) {
 // biases it.
 func TestBiasDoesNotWaitForTheRegistration(t *testing.T) {
 	requireBiasable(t)
-	saved := registerBarrier
 	release := make(chan struct{})
-	registerBarrier = func() error { <-release; return nil }
-	barrierAsked.Store(false)
-	barrierOK.Store(false)
-	t.Cleanup(func() {
-		registerBarrier = saved
-		barrierAsked.Store(true)
-		barrierOK.Store(registerBarrierNow())
-	})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	fakeRegistration(t, func() error { <-release; return nil })
+	t.Cleanup(unblock) // before fakeRegistration's (cleanups run last first): the fake returns
 	var o biasedOps
-	for range 2 * biasStreak { // the second streak would bias
-		o.m.Lock()
-		o.m.Unlock()
-	}
+	streaks(t, &o, 2*biasStreak) // the second streak would bias
 	require.True(t, barrierAsked.Load(), "the registration was not started")
 	require.False(t, o.m.enter(), "biased before the process registered")
 	require.Zero(t, o.m.biases)
-	close(release)
+	unblock()
 	require.Eventually(t, barrierOK.Load, 10*time.Second, time.Millisecond)
-	for range biasStreak {
-		o.m.Lock()
-		o.m.Unlock()
+	// The streak after: the goroutine that ends it must be the one that
+	// ended the last (m.last), so this one runs two.
+	streaks(t, &o, 2*biasStreak)
+	require.Equal(t, uint64(1), o.m.biases, "not biased at the first streaks after the registration")
+}
+
+// TestBiasRegistrationRefused: where the process cannot register (a
+// seccomp filter, Linux before 4.14), the lock is never biased, and the
+// registration is tried once.
+func TestBiasRegistrationRefused(t *testing.T) {
+	requireBiasable(t)
+	var tries atomic.Int32
+	fakeRegistration(t, sync.OnceValue(func() error { tries.Add(1); return errors.New("membarrier: refused") }))
+	var o biasedOps
+	for range 8 {
+		streaks(t, &o, 2*biasStreak)
 	}
-	require.True(t, o.m.enter(), "not biased at the first streak after the registration")
-	o.m.leave()
-	require.Equal(t, uint64(1), o.m.biases)
+	require.Eventually(t, biasBroken.Load, 10*time.Second, time.Millisecond)
+	streaks(t, &o, 4*biasStreak)
+	require.False(t, o.m.enter())
+	require.Zero(t, o.m.biases)
+	require.Equal(t, int32(1), tries.Load())
+	require.False(t, barrierOK.Load())
 }

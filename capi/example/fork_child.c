@@ -49,7 +49,25 @@ static int child(void) {
   return ok ? 0 : 1;
 }
 
+/* early_child runs in a child forked before the parent read
+ * tlsf_version: the fallback string, the same ABI version, no message. */
+static int early_child(void) {
+  alarm(5);
+  int abi = -1;
+  const char* v = tlsf_version(&abi);
+  char want[64];
+  snprintf(want, sizeof want, "github.com/gpumem/tlsf (unknown) abi=%d go=(unknown)", TLSF_ABI_VERSION);
+  return strcmp(v, want) == 0 && abi == TLSF_ABI_VERSION && tlsf_last_error()[0] == 0 ? 0 : 1;
+}
+
 int main(void) {
+  pid_t early = fork();
+  if (early == 0) {
+    _exit(early_child());
+  }
+  int st = 0;
+  CHECK(early > 0 && waitpid(early, &st, 0) == early, "fork or waitpid failed");
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "a child forked before tlsf_version was read: not the fallback string");
   snprintf(parent_version, sizeof parent_version, "%s", tlsf_version(NULL));
   pthread_t t[2];
   for (int i = 0; i < 2; i++) {
